@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU machines get torch's CPU wheel (a bare `torch` requirement would pull a multi-GB CUDA build);
+# on a GPU machine, keep the CUDA torch already installed in the environment.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: install demo test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || { \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch; \
+	  else $(PIP) install -q $(TORCH_CPU); fi; }
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/ladder-train demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check ladder_train tests
+	$(VENV)/bin/ruff format --check ladder_train tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

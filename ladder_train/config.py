@@ -1,0 +1,335 @@
+"""Typed run configuration: dataclasses checked by OmegaConf.
+
+A recipe is a YAML file (``recipes/*.yaml``) whose sections mirror :class:`Config`. A recipe may start
+from others with ``defaults: [base.yaml, ...]`` (paths relative to the recipe; later ones win, the
+recipe itself wins over all). Command-line overrides are OmegaConf dotlist items, ``model.n_layers=4``.
+
+``model.preset`` names a shape from ``ladder_train/model/presets.py``; fields the recipe or the command
+line set explicitly win over the preset's.
+
+Everything is validated before any work starts: an unknown key, a wrong type or an impossible value
+raises :class:`ConfigError` with a one-line message naming the key (and the valid keys or values).
+A field's docstring-comment is its documentation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from .model.presets import PRESETS
+from .model.transformer import RESIDUAL_LAYOUTS, ModelArgs
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot run. The message is one line naming the file, key or value."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"  # run name: the default run directory and wandb run name
+    dir: str = "runs/${run.name}"  # everything the run writes goes here (config, metrics, checkpoints)
+    seed: int = 0  # seeds model init and any sampling
+
+
+@dataclass
+class ModelConfig:
+    preset: str | None = None  # a shape from presets.py (1.2B, 3.5B, 1.5B, 4.5B, 3.5B-32h, tiny, small)
+    vocab_size: int = 49152  # must equal the tokenizer's vocabulary (StarCoder: 49,152)
+    dim: int = 1536  # hidden size
+    n_layers: int = 40
+    n_heads: int = 24
+    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
+    ffn_dim: int = 4096  # SwiGLU hidden size
+    max_seq_len: int = 2048  # rope table length, the longest sequence the model accepts
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02  # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
+    residual: str = "standard"  # standard | parallel | ladder
+    ladder_layers: int | None = None  # ladder only: the last N layers are ladder, the rest standard; None = all
+
+
+@dataclass
+class DataConfig:
+    source: str = "HuggingFaceFW/fineweb-edu"  # a hub dataset name, or a local parquet/jsonl file or folder
+    hub_config: str | None = "sample-10BT"  # the hub dataset's config name (ignored for local files)
+    split: str = "train"
+    text_column: str = "text"
+    tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, or a local tokenizer.json path
+    seq_len: int = 2048  # tokens per training sequence; windows of seq_len + 1 are cut from the stream
+    num_workers: int = 2  # data loader worker processes (tokenization runs there)
+    validation_source: str | None = None  # held-out documents for the validation loss (same formats)
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 3e-4  # peak learning rate
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-10
+    weight_decay: float = 0.1  # not applied to norm weights or biases; embeddings are decayed
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+
+
+@dataclass
+class ScheduleConfig:
+    warmup_steps: int = 2000  # linear warmup from 0 to the peak lr
+    total_steps: int = 25000  # cosine decay ends here, at min_lr_ratio x peak
+    min_lr_ratio: float = 0.1
+    warmup_tokens: int | None = None  # if set, overrides warmup_steps (tokens / global batch tokens)
+    total_tokens: int | None = None  # if set, overrides total_steps
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = 2048  # sequences per optimizer step, over all data-parallel ranks
+    micro_batch_size: int = 4  # sequences per forward/backward on one rank; accumulation makes up the rest
+    max_steps: int | None = None  # stop early (smoke runs); None = schedule.total_steps
+    log_every: int = 10  # steps between metric lines
+    dtype: str = "auto"  # compute dtype: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    max_nonfinite_skips: int = 0  # NaN/inf loss or grad norm: skip the step up to this many times, then stop
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass
+class ParallelConfig:
+    dp_replicate: int = -1  # replicas (HSDP outer dimension); -1 = number of nodes
+    dp_shard: int = -1  # shards per replica (FSDP inner dimension); -1 = processes per node
+    activation_checkpoint: str = "none"  # none | full | every_n (checkpoint every ac_every-th block)
+    ac_every: int = 2
+    compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 1000  # steps between checkpoints; 0 = only at the end
+    keep: int = 3  # keep the last k complete checkpoints
+    async_save: bool = False  # write checkpoints in the background while training continues
+    load: str | None = None  # start from this checkpoint instead of the newest one in run.dir
+    load_model_only: bool = False  # take weights only (fine-tuning), not optimizer/data state
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "online"  # online | offline | disabled (WANDB_MODE overrides)
+    project: str | None = None  # None = WANDB_PROJECT or "ladder-train"
+    entity: str | None = None  # None = WANDB_ENTITY or the account default
+    name: str | None = None  # None = run.name
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str] = field(
+        default_factory=lambda: ["arc_challenge", "arc_easy", "hellaswag", "piqa", "sciq", "winogrande", "wikitext"]
+    )
+    include_path: str | None = None  # a folder of the user's own lm-eval task YAMLs (offline tasks)
+    at_end: bool = True  # evaluate the final checkpoint when training ends
+    every: int = 0  # also evaluate every N-th checkpoint; 0 = only at the end
+    mode: str = "inprocess"  # inprocess | slurm (submit slurm/eval.sh)
+    limit: int | None = None  # rows per task (quick checks); None = all
+    val_every: int = 0  # steps between validation losses on data.validation_source; 0 = never
+    val_batches: int = 20
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+# values restricted to a set of choices: dotted key -> choices
+CHOICES = {
+    "model.residual": RESIDUAL_LAYOUTS,
+    "train.dtype": ("auto", "bf16", "fp32"),
+    "parallel.activation_checkpoint": ("none", "full", "every_n"),
+    "wandb.mode": ("online", "offline", "disabled"),
+    "eval.mode": ("inprocess", "slurm"),
+}
+
+
+def _valid_keys(section_type: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(section_type)]
+
+
+def _section_type(dotted: str) -> type:
+    """The dataclass that holds the key ``dotted`` (its parent), walking from Config."""
+    current: type = Config
+    for part in dotted.split(".")[:-1]:
+        fields = {f.name: f for f in dataclasses.fields(current)}
+        if part not in fields or not dataclasses.is_dataclass(fields[part].default_factory):
+            break
+        current = fields[part].default_factory
+    return current
+
+
+def _unknown_key_message(dotted: str, origin: str) -> str:
+    section = _section_type(dotted)
+    valid = _valid_keys(section)
+    leaf = dotted.split(".")[-1]
+    close = difflib.get_close_matches(leaf, valid, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{origin}: unknown key '{dotted}'{hint}; valid keys here: {', '.join(valid)}"
+
+
+def _convert_error(err: OmegaConfBaseException, origin: str) -> ConfigError:
+    key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
+    if isinstance(err, (ConfigKeyError, ConfigAttributeError)):
+        return ConfigError(_unknown_key_message(str(key), origin))
+    if isinstance(err, ValidationError):
+        leaf = str(key).split(".")[-1]
+        types = {f.name: f.type for f in dataclasses.fields(_section_type(str(key)))}
+        want = str(types.get(leaf, "another type")).replace(" | None", " or null")
+        return ConfigError(f"{origin}: key '{key}' expects {want}, got {getattr(err, 'value', None)!r}")
+    return ConfigError(f"{origin}: {str(err).splitlines()[0]}")
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
+    """Read a recipe and the recipes it names in ``defaults``, merged base-first (untyped)."""
+    if not path.is_file():
+        raise ConfigError(f"recipe not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'defaults' cycle through {' -> '.join(str(p) for p in seen)}")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as err:  # a YAML syntax error: show the file and the first line of the reason
+        raise ConfigError(f"{path}: not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{path}: a recipe must be a mapping of sections, got {type(raw).__name__}")
+    bases = raw.pop("defaults", [])
+    if isinstance(bases, str):
+        bases = [bases]
+    merged = OmegaConf.create({})
+    for base in bases:
+        merged = OmegaConf.merge(merged, _read_yaml(path.parent / str(base), seen + (path.resolve(),)))
+    return OmegaConf.merge(merged, raw)
+
+
+def _merge_typed(schema: DictConfig, layer: DictConfig, origin: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(schema, layer)
+    except OmegaConfBaseException as err:
+        raise _convert_error(err, origin) from None
+
+
+def _check_values(cfg: Config) -> None:
+    """Constraints no type can express: choices, divisibility, positive sizes."""
+    for dotted, choices in CHOICES.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            raise ConfigError(f"key '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
+    m = cfg.model
+    for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
+        if getattr(m, name) <= 0:
+            raise ConfigError(f"key 'model.{name}' must be positive, got {getattr(m, name)}")
+    if m.dim % m.n_heads:
+        raise ConfigError(f"key 'model.n_heads'={m.n_heads} does not divide model.dim={m.dim}")
+    if (m.dim // m.n_heads) % 2:
+        raise ConfigError(f"head dim model.dim / model.n_heads = {m.dim // m.n_heads} must be even for rotary embeddings")
+    kv_heads = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+    if kv_heads <= 0 or m.n_heads % kv_heads:
+        raise ConfigError(f"key 'model.n_kv_heads'={m.n_kv_heads} must be positive and divide model.n_heads={m.n_heads}")
+    if m.ladder_layers is not None:
+        if m.residual != "ladder":
+            raise ConfigError(f"key 'model.ladder_layers' is set but model.residual is {m.residual!r}, not 'ladder'")
+        if not 0 <= m.ladder_layers <= m.n_layers:
+            raise ConfigError(f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]")
+    if cfg.data.seq_len > m.max_seq_len:
+        raise ConfigError(f"key 'data.seq_len'={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
+    t = cfg.train
+    if t.micro_batch_size <= 0 or t.global_batch_size <= 0:
+        raise ConfigError("keys 'train.global_batch_size' and 'train.micro_batch_size' must be positive")
+    if t.global_batch_size % t.micro_batch_size:
+        raise ConfigError(
+            f"key 'train.micro_batch_size'={t.micro_batch_size} does not divide train.global_batch_size={t.global_batch_size}"
+        )
+    if len(t.optimizer.betas) != 2:
+        raise ConfigError(f"key 'train.optimizer.betas' needs two values, got {list(t.optimizer.betas)}")
+    s = t.schedule
+    if s.warmup_steps < 0 or s.total_steps <= 0 or s.warmup_steps > s.total_steps:
+        raise ConfigError(
+            f"keys 'train.schedule.warmup_steps'={s.warmup_steps} and 'total_steps'={s.total_steps} need 0 <= warmup <= total, total > 0"
+        )
+    if not 0 <= s.min_lr_ratio <= 1:
+        raise ConfigError(f"key 'train.schedule.min_lr_ratio' must lie in [0, 1], got {s.min_lr_ratio}")
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Build the run's config: schema defaults, then the preset named by ``model.preset``, then the
+    recipe (with its ``defaults``), then the command-line ``overrides``. Raises ConfigError."""
+    layers: list[tuple[str, DictConfig]] = []
+    if recipe is not None:
+        layers.append((str(recipe), _read_yaml(Path(recipe))))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. model.n_layers=4)")
+        try:
+            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"override {item!r}: {str(err).splitlines()[0]}") from None
+
+    schema = OmegaConf.structured(Config)
+    # first pass: find the preset, checking keys and types on the way
+    probe = schema
+    for origin, layer in layers:
+        probe = _merge_typed(probe, layer, origin)
+    preset = probe.model.preset
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"key 'model.preset' is {preset!r}; available: {', '.join(PRESETS)}")
+        schema = _merge_typed(schema, OmegaConf.create({"model": PRESETS[preset]}), f"preset {preset}")
+    merged = schema
+    for origin, layer in layers:
+        merged = _merge_typed(merged, layer, origin)
+    try:
+        OmegaConf.resolve(merged)
+        cfg: Config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _convert_error(err, str(recipe) if recipe else "config") from None
+    _check_values(cfg)
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML: printed at start and saved as RUN_DIR/config.yaml."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_yaml(cfg))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """A plain nested dict (for wandb and JSON)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def model_args(model: ModelConfig) -> ModelArgs:
+    """The ModelArgs the Transformer is built from."""
+    fields = {f.name for f in dataclasses.fields(ModelArgs)}
+    return ModelArgs(**{k: v for k, v in dataclasses.asdict(model).items() if k in fields})
+
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "load_config",
+    "model_args",
+    "save_config",
+    "to_dict",
+    "to_yaml",
+]

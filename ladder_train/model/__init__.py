@@ -1,0 +1,16 @@
+"""The model: one Transformer definition (training and inference), presets and the export format."""
+
+from .presets import PRESETS, count_params, flops_per_token, preset_args
+from .transformer import NO_COMM, RESIDUAL_LAYOUTS, Communicator, ModelArgs, Transformer
+
+__all__ = [
+    "NO_COMM",
+    "PRESETS",
+    "RESIDUAL_LAYOUTS",
+    "Communicator",
+    "ModelArgs",
+    "Transformer",
+    "count_params",
+    "flops_per_token",
+    "preset_args",
+]

@@ -1,0 +1,285 @@
+"""The one Transformer definition of ladder-train, used by training and by inference.
+
+Pre-norm decoder: RMSNorm, rotary embeddings (rotate-half convention), grouped-query attention through
+``F.scaled_dot_product_attention``, SwiGLU MLP, no biases, tied input/output embeddings. Three residual
+layouts (see ``../shared/DESIGN.md`` and the README):
+
+    standard  r = r + A(r);  r = r + M(r)
+    parallel  n = norm(r);   r = r + A(n) + M(n)
+    ladder    each module's output joins the stream one module late, so its all-reduce can overlap
+              the next module's compute under tensor parallelism.
+
+Every module output is a *partial sum* under tensor parallelism. The single place where it becomes a
+full sum is ``self.comm`` (a :class:`Communicator`): ``comm.reduce(x)`` starts the reduction and
+``comm.wait(x)`` returns the reduced tensor. Without tensor parallelism both are the identity, so
+training runs exactly the same block code that inference runs under TP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder")
+
+
+@dataclass
+class ModelArgs:
+    """The shape of a model. Field names follow nanoGPT/torchtitan; see presets.py for the paper's sizes."""
+
+    vocab_size: int = 49152
+    dim: int = 1536
+    n_layers: int = 40
+    n_heads: int = 24
+    n_kv_heads: int | None = None  # None = n_heads (multi-head attention)
+    ffn_dim: int = 4096
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    residual: str = "standard"
+    ladder_layers: int | None = None  # ladder only: how many of the last layers are ladder; None = all
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def layer_layouts(self) -> list[str]:
+        """The residual layout of each layer: a hybrid ladder keeps its first L - N layers standard."""
+        if self.residual != "ladder":
+            return [self.residual] * self.n_layers
+        n_ladder = self.n_layers if self.ladder_layers is None else self.ladder_layers
+        return ["standard"] * (self.n_layers - n_ladder) + ["ladder"] * n_ladder
+
+
+class Communicator:
+    """Turns a module's partial output into the full sum. This base class is the no-TP case: identity.
+
+    ``reduce(x)`` starts the reduction of ``x`` and returns a tensor to hand to ``wait`` later;
+    ``wait(x)`` returns the reduced tensor. Layouts that add an output at once call ``wait(reduce(x))``;
+    the ladder calls ``reduce`` when the module finishes and ``wait`` one module later.
+    """
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def wait(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+NO_COMM = Communicator()
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 and cast back, as Hugging Face Llama does (so exports give the same logits)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+    def reset_parameters(self):
+        nn.init.ones_(self.weight)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, shape (max_seq_len, head_dim), for the rotate-half (GPT-NeoX/HF Llama) convention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, heads, T, head_dim) by the angles of its positions (cos, sin: T x head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention. Under TP each rank holds ``n_heads / tp`` heads; the output
+    projection then gives a partial sum that the caller reduces."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is None:
+            mask, is_causal = None, True
+        else:
+            k, v = self.kv_cache.update(start_pos, k, v)
+            # query i sits at position start_pos + i and sees keys 0..start_pos + i
+            key_pos = torch.arange(k.shape[2], device=x.device)
+            query_pos = torch.arange(start_pos, start_pos + seq_len, device=x.device)
+            mask, is_causal = key_pos[None, :] <= query_pos[:, None], False
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+
+class KVCache(nn.Module):
+    """A static key/value cache for one attention layer: (batch, kv_heads, max_len, head_dim)."""
+
+    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = start_pos + k.shape[2]
+        self.k[: k.shape[0], :, start_pos:end] = k
+        self.v[: v.shape[0], :, start_pos:end] = v
+        return self.k[: k.shape[0], :, :end], self.v[: v.shape[0], :, :end]
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)). Under TP each rank holds a slice of the hidden units."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w_gate = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w_up = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w_down = nn.Linear(args.ffn_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    """One layer. ``forward(r, pending_attn, pending_mlp)`` returns the new stream and the outputs that
+    the ladder has not added yet (None for the standard and parallel layouts, which add at once)."""
+
+    def __init__(self, args: ModelArgs, layout: str):
+        super().__init__()
+        self.layout = layout
+        self.attention = Attention(args)
+        self.mlp = MLP(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        # the parallel layout shares one norm between attention and MLP
+        self.mlp_norm = None if layout == "parallel" else RMSNorm(args.dim, args.norm_eps)
+        self.comm: Communicator = NO_COMM
+
+    def forward(self, r, cos, sin, pending_attn=None, pending_mlp=None, start_pos: int = 0):
+        comm = self.comm
+        if self.layout == "standard":
+            r = r + comm.wait(comm.reduce(self.attention(self.attention_norm(r), cos, sin, start_pos)))
+            r = r + comm.wait(comm.reduce(self.mlp(self.mlp_norm(r))))
+            return r, None, None
+        if self.layout == "parallel":
+            n = self.attention_norm(r)
+            r = r + comm.wait(comm.reduce(self.attention(n, cos, sin, start_pos) + self.mlp(n)))
+            return r, None, None
+        # ladder: add the previous layer's attention output, start this layer's attention, then add the
+        # previous MLP output, start this MLP; each reduction overlaps the next module's compute
+        if pending_attn is not None:
+            r = r + comm.wait(pending_attn)
+        attn_out = comm.reduce(self.attention(self.attention_norm(r), cos, sin, start_pos))
+        if pending_mlp is not None:
+            r = r + comm.wait(pending_mlp)
+        mlp_out = comm.reduce(self.mlp(self.mlp_norm(r)))
+        return r, attn_out, mlp_out
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM. ``model(input_ids)`` returns fp32 logits of shape (B, T, vocab)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        if args.residual not in RESIDUAL_LAYOUTS:
+            raise ValueError(f"residual must be one of {', '.join(RESIDUAL_LAYOUTS)}, got {args.residual!r}")
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, layout) for layout in args.layer_layouts())
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.init_weights()
+
+    def set_communicator(self, comm: Communicator):
+        """Install the reduce hook (tensor parallelism, or the no-communication ceiling) in every block."""
+        for layer in self.layers:
+            layer.comm = comm
+
+    @torch.no_grad()
+    def init_weights(self):
+        """N(0, init_std) everywhere, N(0, init_std / sqrt(2L)) for the two output projections of each
+        block, ones for norms. Also recomputes the rope tables, so a model built on the meta device and
+        moved with ``to_empty`` is fully initialised by this call."""
+        args = self.args
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        out_std = args.init_std / math.sqrt(2 * args.n_layers)
+        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=args.init_std)
+        for layer in self.layers:
+            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv, layer.mlp.w_gate, layer.mlp.w_up):
+                nn.init.normal_(linear.weight, mean=0.0, std=args.init_std)
+            nn.init.normal_(layer.attention.wo.weight, mean=0.0, std=out_std)
+            nn.init.normal_(layer.mlp.w_down.weight, mean=0.0, std=out_std)
+            for norm in (layer.attention_norm, layer.mlp_norm):
+                if norm is not None:
+                    norm.reset_parameters()
+        self.norm.reset_parameters()
+
+    def forward(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        seq_len = input_ids.shape[1]
+        if start_pos + seq_len > self.args.max_seq_len:
+            raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
+        cos = self.rope_cos[start_pos : start_pos + seq_len]
+        sin = self.rope_sin[start_pos : start_pos + seq_len]
+        r = self.tok_embeddings(input_ids)
+        pending_attn = pending_mlp = None
+        for layer in self.layers:
+            r, pending_attn, pending_mlp = layer(r, cos, sin, pending_attn, pending_mlp, start_pos)
+        if pending_attn is not None:  # the ladder's two last outputs join before the final norm
+            comm = self.layers[-1].comm
+            r = r + comm.wait(pending_attn) + comm.wait(pending_mlp)
+        h = self.norm(r)
+        # tied embeddings; logits in fp32 so the loss is computed on upcast values
+        return F.linear(h, self.tok_embeddings.weight).float()
+
+    def setup_kv_cache(self, batch: int, max_len: int, dtype=None, device=None):
+        """Give every attention layer a static cache; ``forward(ids, start_pos)`` then decodes incrementally."""
+        dtype = dtype or self.tok_embeddings.weight.dtype
+        device = device or self.tok_embeddings.weight.device
+        for layer in self.layers:
+            attn = layer.attention
+            kv_heads = attn.wk.weight.shape[0] // attn.head_dim  # the local heads under TP
+            attn.kv_cache = KVCache(batch, kv_heads, max_len, attn.head_dim, dtype, device)
+
+    def clear_kv_cache(self):
+        for layer in self.layers:
+            layer.attention.kv_cache = None

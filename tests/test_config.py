@@ -1,0 +1,102 @@
+"""Recipes, overrides, presets and the one-line errors of the typed config."""
+
+from pathlib import Path
+
+import pytest
+
+from ladder_train.cli import main as cli_main
+from ladder_train.config import ConfigError, load_config, model_args, save_config
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_defaults_preset_recipe_then_overrides(tmp_path):
+    write(tmp_path, "base.yaml", "model:\n  preset: 1.2B\n  residual: parallel\ntrain:\n  log_every: 5\n")
+    recipe = write(tmp_path, "r.yaml", "defaults: [base.yaml]\nmodel:\n  residual: ladder\n  n_layers: 52\n")
+    cfg = load_config(recipe, ["model.ladder_layers=16", "run.name=x"])
+    assert (cfg.model.dim, cfg.model.n_heads, cfg.model.ffn_dim) == (1536, 24, 4096)  # from the preset
+    assert cfg.model.n_layers == 52  # recipe beats preset
+    assert cfg.model.residual == "ladder"  # recipe beats its base
+    assert cfg.model.ladder_layers == 16 and cfg.train.log_every == 5
+    assert cfg.run.dir == "runs/x"  # interpolation resolved
+    args = model_args(cfg.model)
+    assert args.layer_layouts()[:36] == ["standard"] * 36 and args.layer_layouts()[36:] == ["ladder"] * 16
+
+
+def test_resolved_config_saves_and_reloads(tmp_path):
+    cfg = load_config(None, ["model.preset=tiny", "model.residual=ladder", "data.seq_len=128", "train.optimizer.lr=1e-3"])
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    again = load_config(tmp_path / "run" / "config.yaml")
+    assert again == cfg
+
+
+def test_misspelled_key_names_it_and_lists_valid_keys(tmp_path):
+    recipe = write(tmp_path, "r.yaml", "model:\n  n_layer: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe)
+    message = str(err.value)
+    assert "r.yaml" in message and "'model.n_layer'" in message and "did you mean 'n_layers'" in message
+    assert "n_heads" in message and "\n" not in message
+
+
+def test_unknown_section_lists_sections():
+    with pytest.raises(ConfigError, match=r"unknown key 'trian' \(did you mean 'train'\?\); valid keys here: run, model, data, train"):
+        load_config(None, ["trian.log_every=3"])
+
+
+def test_wrong_type_names_key_and_expected_type():
+    with pytest.raises(ConfigError, match=r"key 'model.n_layers' expects int, got 'four'"):
+        load_config(None, ["model.n_layers=four"])
+
+
+def test_heads_not_dividing_hidden_size():
+    with pytest.raises(ConfigError, match=r"'model.n_heads'=7 does not divide model.dim=1536"):
+        load_config(None, ["model.n_heads=7"])
+
+
+@pytest.mark.parametrize(
+    "override,pattern",
+    [
+        ("model.residual=sideways", r"'model.residual' must be one of standard, parallel, ladder"),
+        ("model.preset=9B", r"'model.preset' is '9B'; available: 1.2B"),
+        ("model.ladder_layers=3", r"'model.ladder_layers' is set but model.residual is 'standard'"),
+        ("train.micro_batch_size=3", r"'train.micro_batch_size'=3 does not divide"),
+        ("data.seq_len=4096", r"'data.seq_len'=4096 exceeds model.max_seq_len=2048"),
+        ("model.n_kv_heads=5", r"'model.n_kv_heads'=5 must be positive and divide"),
+        ("nonsense", r"not of the form key=value"),
+    ],
+)
+def test_impossible_values(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(None, [override])
+
+
+def test_missing_recipe_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="recipe not found: .*nope.yaml"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(write(tmp_path, "bad.yaml", "model: [unclosed\n"))
+
+
+def test_cli_prints_one_line_error(capsys):
+    assert cli_main(["show", "model.n_layer=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "n_layers" in err
+
+
+def test_cli_show_reports_preset_size(capsys):
+    assert cli_main(["show", "model.preset=3.5B", "model.residual=ladder", "model.ladder_layers=16"]) == 0
+    out = capsys.readouterr().out
+    assert "3,510.8M total" in out and "24 standard + 16 ladder" in out
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_loads(recipe):
+    cfg = load_config(recipe)
+    assert cfg.model.residual in ("standard", "parallel", "ladder")
