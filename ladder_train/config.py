@@ -81,8 +81,8 @@ class ScheduleConfig:
     warmup_steps: int = 2000  # linear warmup from 0 to the peak lr
     total_steps: int = 25000  # cosine decay ends here, at min_lr_ratio x peak
     min_lr_ratio: float = 0.1
-    warmup_tokens: int | None = None  # if set, overrides warmup_steps (tokens / global batch tokens)
-    total_tokens: int | None = None  # if set, overrides total_steps
+    warmup_tokens: float | None = None  # if set (e.g. 8e9), overrides warmup_steps (tokens / global batch tokens)
+    total_tokens: float | None = None  # if set (e.g. 100e9), overrides total_steps
 
 
 @dataclass

@@ -126,7 +126,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | torch.Tensor = 0):
         batch, seq_len, _ = x.shape
         q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
@@ -135,10 +135,15 @@ class Attention(nn.Module):
         if self.kv_cache is None:
             mask, is_causal = None, True
         else:
-            k, v = self.kv_cache.update(start_pos, k, v)
+            if isinstance(start_pos, torch.Tensor):
+                # static shapes (CUDA graphs): write at tensor positions, attend over the whole masked cache
+                query_pos = start_pos + torch.arange(seq_len, device=x.device)
+                k, v = self.kv_cache.update_at(query_pos, k, v)
+            else:
+                k, v = self.kv_cache.update(start_pos, k, v)
+                query_pos = torch.arange(start_pos, start_pos + seq_len, device=x.device)
             # query i sits at position start_pos + i and sees keys 0..start_pos + i
             key_pos = torch.arange(k.shape[2], device=x.device)
-            query_pos = torch.arange(start_pos, start_pos + seq_len, device=x.device)
             mask, is_causal = key_pos[None, :] <= query_pos[:, None], False
         groups = q.shape[1] // k.shape[1]
         if groups > 1:
@@ -162,6 +167,12 @@ class KVCache(nn.Module):
         self.k[: k.shape[0], :, start_pos:end] = k
         self.v[: v.shape[0], :, start_pos:end] = v
         return self.k[: k.shape[0], :, :end], self.v[: v.shape[0], :, :end]
+
+    def update_at(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Write at tensor ``positions`` and return the whole cache: shapes do not depend on the position."""
+        self.k.index_copy_(2, positions, k)
+        self.v.index_copy_(2, positions, v)
+        return self.k, self.v
 
 
 class MLP(nn.Module):
@@ -191,7 +202,7 @@ class Block(nn.Module):
         self.mlp_norm = None if layout == "parallel" else RMSNorm(args.dim, args.norm_eps)
         self.comm: Communicator = NO_COMM
 
-    def forward(self, r, cos, sin, pending_attn=None, pending_mlp=None, start_pos: int = 0):
+    def forward(self, r, cos, sin, pending_attn=None, pending_mlp=None, start_pos: int | torch.Tensor = 0):
         comm = self.comm
         if self.layout == "standard":
             r = r + comm.wait(comm.reduce(self.attention(self.attention_norm(r), cos, sin, start_pos)))
@@ -233,33 +244,45 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.comm = comm
 
+    def init_std(self, param_name: str) -> float | None:
+        """The init of a parameter by name: N(0, init_std), N(0, init_std / sqrt(2L)) for the two output
+        projections of each block, None for norm weights (ones). Works on wrapped names too."""
+        if param_name.endswith("norm.weight"):
+            return None
+        if param_name.endswith(("attention.wo.weight", "mlp.w_down.weight")):
+            return self.args.init_std / math.sqrt(2 * self.args.n_layers)
+        return self.args.init_std
+
     @torch.no_grad()
-    def init_weights(self):
-        """N(0, init_std) everywhere, N(0, init_std / sqrt(2L)) for the two output projections of each
-        block, ones for norms. Also recomputes the rope tables, so a model built on the meta device and
-        moved with ``to_empty`` is fully initialised by this call."""
-        args = self.args
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+    def init_rope(self):
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
-        out_std = args.init_std / math.sqrt(2 * args.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=args.init_std)
-        for layer in self.layers:
-            for linear in (layer.attention.wq, layer.attention.wk, layer.attention.wv, layer.mlp.w_gate, layer.mlp.w_up):
-                nn.init.normal_(linear.weight, mean=0.0, std=args.init_std)
-            nn.init.normal_(layer.attention.wo.weight, mean=0.0, std=out_std)
-            nn.init.normal_(layer.mlp.w_down.weight, mean=0.0, std=out_std)
-            for norm in (layer.attention_norm, layer.mlp_norm):
-                if norm is not None:
-                    norm.reset_parameters()
-        self.norm.reset_parameters()
 
-    def forward(self, input_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+    @torch.no_grad()
+    def init_weights(self):
+        """Initialise every parameter by ``init_std`` (in named_parameters order, from torch's global RNG)
+        and recompute the rope tables, so a model built on the meta device and moved with ``to_empty`` is
+        fully initialised by this call. Sharded models use ``ladder_train.parallel.init_sharded_weights``."""
+        self.init_rope()
+        for name, param in self.named_parameters():
+            std = self.init_std(name)
+            if std is None:
+                nn.init.ones_(param)
+            else:
+                nn.init.normal_(param, mean=0.0, std=std)
+
+    def forward(self, input_ids: torch.Tensor, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """``start_pos`` as a 0-d tensor selects the static-shape decode path (the caller checks the length)."""
         seq_len = input_ids.shape[1]
-        if start_pos + seq_len > self.args.max_seq_len:
-            raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
-        cos = self.rope_cos[start_pos : start_pos + seq_len]
-        sin = self.rope_sin[start_pos : start_pos + seq_len]
+        if isinstance(start_pos, torch.Tensor):
+            positions = start_pos + torch.arange(seq_len, device=input_ids.device)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        else:
+            if start_pos + seq_len > self.args.max_seq_len:
+                raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
+            cos = self.rope_cos[start_pos : start_pos + seq_len]
+            sin = self.rope_sin[start_pos : start_pos + seq_len]
         r = self.tok_embeddings(input_ids)
         pending_attn = pending_mlp = None
         for layer in self.layers:

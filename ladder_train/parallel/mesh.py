@@ -1,0 +1,77 @@
+"""Process group and device mesh: one process or many (torchrun/srun), HSDP, FSDP or plain data parallel."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..config import ConfigError, ParallelConfig
+
+
+@dataclass
+class Dist:
+    """Where this process sits: its rank, the world, and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed() -> Dist:
+    """Join the process group torchrun set up, or make a group of one, so a single process runs the
+    same sharded code path. NCCL with one GPU per process when CUDA is available, gloo on the CPU."""
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+    return Dist(rank, world_size, local_rank, local_world_size, device)
+
+
+def resolve_degrees(cfg: ParallelConfig, world_size: int, local_world_size: int) -> tuple[int, int]:
+    """(dp_replicate, dp_shard) from the config; -1 means: shard over a node, replicate across nodes."""
+    shard, replicate = cfg.dp_shard, cfg.dp_replicate
+    if shard == -1:
+        shard = world_size // replicate if replicate > 0 else local_world_size
+    if replicate == -1:
+        replicate = world_size // shard if shard > 0 else 1
+    if shard <= 0 or replicate <= 0 or shard * replicate != world_size:
+        raise ConfigError(
+            f"keys 'parallel.dp_replicate'={cfg.dp_replicate} x 'parallel.dp_shard'={cfg.dp_shard} resolve to "
+            f"{replicate} x {shard}, which does not equal the world size {world_size}"
+        )
+    return replicate, shard
+
+
+def build_mesh(device_type: str, replicate: int, shard: int) -> DeviceMesh:
+    """A 2-D mesh (dp_replicate, dp_shard). fully_shard on it is HSDP; a degree of 1 makes it FSDP
+    (replicate = 1) or plain data parallel (shard = 1), with the same code."""
+    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard"))

@@ -1,0 +1,5 @@
+import sys
+
+from .trainer import main
+
+sys.exit(main())

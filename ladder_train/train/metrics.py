@@ -1,0 +1,106 @@
+"""Training metrics: one readable console line, RUN_DIR/metrics.jsonl, and wandb on rank 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+from ..config import Config, to_dict
+
+# dense bf16 tensor-core peak, FLOP/s (vendor datasheets; SXM parts)
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def device_peak_flops(device: torch.device) -> float | None:
+    """The device's bf16 peak for MFU, or None (CPU, unknown GPU): MFU is then reported as null."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return flops
+    return None
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak allocated GPU memory, or the process's peak resident memory on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def format_line(m: dict) -> str:
+    parts = [f"step {m['step']:>6}", f"loss {m['loss']:.4f}", f"lr {m['lr']:.2e}", f"gnorm {m['grad_norm']:.3f}"]
+    parts.append(f"tok {m['tokens']:,}")
+    parts.append(f"{m['tokens_per_s']:,.0f} tok/s ({m['tokens_per_s_per_device']:,.0f}/dev)")
+    parts.append(f"step {m['step_time_s'] * 1000:.0f} ms")
+    parts.append(f"data {m['data_wait_frac'] * 100:.1f}%")
+    if m.get("mfu") is not None:
+        parts.append(f"mfu {m['mfu'] * 100:.1f}%")
+    parts.append(f"mem {m['peak_mem_gib']:.2f} GiB")
+    return " | ".join(parts)
+
+
+class MetricLogger:
+    """Writes metrics on rank 0 only; other ranks get a logger that does nothing."""
+
+    def __init__(self, cfg: Config, run_dir: Path, is_main: bool, wandb_id: str | None = None):
+        self.is_main = is_main
+        self.path = run_dir / "metrics.jsonl"
+        self.wandb_run = None
+        if is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.wandb_run = _start_wandb(cfg, run_dir, wandb_id)
+
+    def log(self, metrics: dict, console: bool = True) -> None:
+        if not self.is_main:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if console and "loss" in metrics:
+            print(format_line(metrics), flush=True)
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in metrics.items() if k != "step" and v is not None}, step=metrics["step"])
+
+    def summary(self, values: dict) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.summary.update(values)
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def _start_wandb(cfg: Config, run_dir: Path, wandb_id: str | None):
+    """wandb.init with the resolved config; WANDB_MODE beats the recipe. Online without credentials (or
+    without network) falls back to offline with a one-line note instead of stopping the run."""
+    mode = os.environ.get("WANDB_MODE", cfg.wandb.mode)
+    if mode == "disabled":
+        return None
+    import wandb
+
+    settings = dict(
+        project=cfg.wandb.project or os.environ.get("WANDB_PROJECT", "ladder-train"),
+        entity=cfg.wandb.entity or os.environ.get("WANDB_ENTITY"),
+        name=cfg.wandb.name or cfg.run.name,
+        config=to_dict(cfg),
+        dir=str(run_dir),
+        id=wandb_id,
+        resume="allow",
+    )
+    if mode == "online":
+        try:
+            return wandb.init(mode="online", settings=wandb.Settings(init_timeout=60), **settings)
+        except Exception as err:  # no API key, no network: keep training, sync later with `wandb sync`
+            print(f"wandb: online init failed ({str(err).splitlines()[0]}); logging offline to {run_dir}/wandb", file=sys.stderr)
+    return wandb.init(mode="offline", **settings)

@@ -1,0 +1,247 @@
+"""The pretraining loop: build the mesh and the sharded model, then step through the data.
+
+Launch: ``ladder-train --config recipes/X.yaml [key=value ...]`` alone, or
+``torchrun --nproc-per-node N -m ladder_train.train --config ...`` for several processes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from ..config import Config, ConfigError, model_args, save_config, to_yaml
+from ..model import Transformer, flops_per_token
+from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
+from .metrics import MetricLogger, device_peak_flops, peak_memory_gib
+from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
+
+
+@dataclass
+class BatchPlan:
+    """How the global batch splits: over data-parallel ranks, then into micro-batches."""
+
+    global_batch: int
+    micro_batch: int
+    dp_world: int
+    seq_len: int
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.dp_world
+
+    @property
+    def accumulation(self) -> int:
+        return self.per_rank // self.micro_batch
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def check(self) -> None:
+        if self.global_batch % (self.micro_batch * self.dp_world):
+            raise ConfigError(
+                f"key 'train.global_batch_size'={self.global_batch} is not a multiple of "
+                f"train.micro_batch_size={self.micro_batch} x {self.dp_world} data-parallel ranks"
+            )
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """bf16 compute on GPUs, fp32 on the CPU (bf16 is ~30x slower there), unless the recipe insists."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+class Trainer:
+    """Owns the model, optimizer, schedule and data for one run on this process.
+
+    ``batches`` replaces the configured data loader (tests feed fixed batches): an iterable of this
+    rank's micro-batches ``(inputs, labels)``.
+    """
+
+    def __init__(self, cfg: Config, env: Dist, batches: Iterable | None = None):
+        self.cfg, self.env = cfg, env
+        self.run_dir = Path(cfg.run.dir)
+        replicate, shard = resolve_degrees(cfg.parallel, env.world_size, env.local_world_size)
+        self.replicate = replicate
+        self.plan = BatchPlan(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len)
+        self.plan.check()
+        self.tokenizer = None
+        if batches is None:  # tokenizer and sources are checked before the model is built
+            batches = self._build_data()
+        self.batches: Iterator = iter(batches)
+
+        self.mesh = build_mesh(env.device.type, replicate, shard)
+        self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
+        self.model_args = model_args(cfg.model)
+        with torch.device("meta"):
+            model = Transformer(self.model_args)
+        self.model = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype)
+        self.model.to_empty(device=env.device)
+        init_sharded_weights(self.model, cfg.run.seed)
+
+        self.warmup, self.total_steps = resolve_schedule_steps(cfg.train.schedule, self.plan.tokens_per_step)
+        self.max_steps = cfg.train.max_steps or self.total_steps
+        self.optimizer = build_optimizer(self.model, cfg.train.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, self.warmup, self.total_steps, cfg.train.schedule.min_lr_ratio)
+        self.step = 0
+        self.tokens_seen = 0
+        self.nonfinite_skips = 0
+        self.flops_per_token = flops_per_token(self.model_args, cfg.data.seq_len)
+        self.peak_flops = device_peak_flops(env.device)
+
+    def _build_data(self):
+        from ..data import build_dataloader, check_vocab, load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.cfg.data)
+        check_vocab(self.tokenizer, self.cfg.model.vocab_size, "model.vocab_size")
+        return build_dataloader(
+            self.cfg.data,
+            tokenizer=self.tokenizer,
+            batch_size=self.plan.micro_batch,
+            dp_rank=self.env.rank,
+            dp_world_size=self.env.world_size,
+            seed=self.cfg.run.seed,
+        )
+
+    # one optimizer step ------------------------------------------------------------------------------
+
+    def train_step(self) -> dict:
+        """Forward/backward over this rank's micro-batches, clip, step. The loss of each micro-batch is
+        its summed token loss over this rank's tokens per step, and FSDP averages over ranks: the step
+        minimises the mean over the global batch's tokens, however it is split."""
+        model, plan = self.model, self.plan
+        tokens_per_rank = plan.per_rank * plan.seq_len
+        loss_sum = torch.zeros((), device=self.env.device)
+        data_wait = 0.0
+        for micro in range(plan.accumulation):
+            last = micro == plan.accumulation - 1
+            if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
+                model.set_requires_all_reduce(last)
+            waited = time.perf_counter()
+            inputs, labels = next(self.batches)
+            data_wait += time.perf_counter() - waited
+            inputs, labels = inputs.to(self.env.device, non_blocking=True), labels.to(self.env.device, non_blocking=True)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens_per_rank
+            loss.backward()
+            loss_sum += loss.detach()
+        max_norm = self.cfg.train.optimizer.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if self.env.device.type == "cuda" else dist.ReduceOp.SUM)
+        if self.env.device.type != "cuda":  # gloo has no AVG
+            loss_sum /= self.env.world_size
+        loss_value, norm_value = loss_sum.item(), grad_norm.item()
+        finite = math.isfinite(loss_value) and math.isfinite(norm_value)
+        if finite:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_value, "grad_norm": norm_value, "data_wait_s": data_wait, "finite": finite}
+
+    def _handle_nonfinite(self, result: dict) -> None:
+        self.nonfinite_skips += 1
+        what = f"step {self.step}: loss {result['loss']} / grad norm {result['grad_norm']} is not finite"
+        if self.nonfinite_skips > self.cfg.train.max_nonfinite_skips:
+            raise NonFiniteLossError(
+                f"{what}; stopping (train.max_nonfinite_skips={self.cfg.train.max_nonfinite_skips} skips allowed)"
+            )
+        if self.env.is_main:
+            print(f"warning: {what}; update skipped ({self.nonfinite_skips}/{self.cfg.train.max_nonfinite_skips})")
+
+    # the loop ----------------------------------------------------------------------------------------
+
+    def train(self) -> list[dict]:
+        cfg, env = self.cfg, self.env
+        if env.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+            print(to_yaml(cfg), end="")
+            print(
+                f"mesh {tuple(self.mesh.shape)} (dp_replicate, dp_shard) | {env.world_size} processes on {env.device.type}"
+                f" | {self.compute_dtype} | global batch {self.plan.global_batch} = {self.plan.dp_world} ranks x "
+                f"{self.plan.accumulation} micro-batches x {self.plan.micro_batch} | warmup {self.warmup}, "
+                f"total {self.total_steps}, running {self.max_steps} steps",
+                flush=True,
+            )
+        logger = MetricLogger(cfg, self.run_dir, env.is_main)
+        history: list[dict] = []
+        self.model.train()
+        interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
+        try:
+            while self.step < self.max_steps:
+                step_start = time.perf_counter()
+                lr = self.scheduler.get_last_lr()[0]
+                result = self.train_step()
+                self.step += 1
+                self.tokens_seen += self.plan.tokens_per_step
+                if not result["finite"]:
+                    self._handle_nonfinite(result)
+                step_time = time.perf_counter() - step_start
+                interval_tokens += self.plan.tokens_per_step
+                interval_wait += result["data_wait_s"]
+                interval_steps += 1
+                record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"]}
+                history.append(record)
+                if self.step % cfg.train.log_every == 0 or self.step == self.max_steps:
+                    elapsed = time.perf_counter() - interval_start
+                    tokens_per_s = interval_tokens / elapsed
+                    per_device = tokens_per_s / env.world_size
+                    record.update(
+                        tokens=self.tokens_seen,
+                        tokens_per_s=tokens_per_s,
+                        tokens_per_s_per_device=per_device,
+                        step_time_s=step_time,
+                        data_wait_frac=interval_wait / elapsed,
+                        mfu=per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
+                        peak_mem_gib=peak_memory_gib(env.device),
+                    )
+                    logger.log(record)
+                    interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
+            logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
+        finally:
+            logger.close()
+        return history
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ..config import load_config
+    from ..parallel import init_distributed
+    from .plan import dry_run
+
+    parser = argparse.ArgumentParser(prog="ladder-train", description="Pretrain a standard, parallel or ladder transformer.")
+    parser.add_argument("--config", help="a recipe YAML (recipes/*.yaml)")
+    parser.add_argument("--dry-run", action="store_true", help="build the mesh and sharded model on the meta device, print the plan, exit")
+    parser.add_argument("--simulate", default=None, metavar="NODESxGPUS", help="with --dry-run: the world to plan for, e.g. 16x8")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            print(dry_run(cfg, args.simulate))
+            return 0
+        env = init_distributed()
+        try:
+            Trainer(cfg, env).train()
+        finally:
+            dist.destroy_process_group()
+    except (ConfigError, NonFiniteLossError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2 if isinstance(err, ConfigError) else 1
+    return 0

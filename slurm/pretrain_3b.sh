@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Pretrain a 3.5B model (standard, parallel or ladder) with HSDP: FSDP over a node's 8 GPUs, replicas across nodes.
+#   sbatch slurm/pretrain_3b.sh                           # standard layout, 16 nodes
+#   sbatch -N 8 slurm/pretrain_3b.sh recipes/ladder_3b.yaml train.micro_batch_size=4
+#   LADDER_DRY_RUN=1 SLURM_NNODES=16 bash slurm/pretrain_3b.sh   # print the plan, no GPUs needed
+#SBATCH --job-name=ladder-3b
+#SBATCH --nodes=16
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=64
+#SBATCH --exclusive
+#SBATCH --time=48:00:00
+#SBATCH --signal=USR1@120
+#SBATCH --requeue
+#SBATCH --output=logs/%x-%j.out
+set -euo pipefail
+cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
+mkdir -p logs
+RECIPE=recipes/standard_3b.yaml
+if [[ $# -gt 0 && "$1" == *.yaml ]]; then RECIPE=$1; shift; fi
+source slurm/launch.sh "$@"

@@ -1,0 +1,45 @@
+"""Run a function on N gloo processes (CPU, fp32, one thread each) and collect what each returns."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, local_world_size: int, port: int, out_dir: str, fn, args):
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank % local_world_size),
+        LOCAL_WORLD_SIZE=str(local_world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    result = fn(*args)
+    Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(result))
+
+
+def run_ranks(fn, world_size: int, *args, local_world_size: int | None = None) -> list:
+    """Spawn ``world_size`` processes running ``fn(*args)`` (a module-level function) with torchrun's
+    environment variables set; returns the results in rank order."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(
+            _entry,
+            args=(world_size, local_world_size or world_size, _free_port(), out_dir, fn, args),
+            nprocs=world_size,
+            join=True,
+        )
+        return [pickle.loads(Path(out_dir, f"{rank}.pkl").read_bytes()) for rank in range(world_size)]
