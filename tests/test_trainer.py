@@ -178,3 +178,61 @@ def test_dry_run_via_slurm_script():
     )
     assert out.returncode == 0, out.stderr
     assert "mesh (16, 8)" in out.stdout and "standard_3b" in out.stdout
+
+
+def train_with_poisoned_batches(tmp, skips, poisoned_steps):
+    """Train with a huge input at some steps: NaN loss there (a model overflow stand-in)."""
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import NonFiniteLossError, Trainer
+
+    env = init_distributed()
+    cfg = tiny_config("ladder", 8, tmp, **{"train.max_nonfinite_skips": skips})
+    trainer = Trainer(cfg, env, batches=global_batches(0, 1, 8))
+    embed = trainer.model.tok_embeddings.weight
+    original_forward = trainer.model.forward
+
+    def forward(ids):  # poison the logits on chosen steps
+        logits = original_forward(ids)
+        return logits * float("nan") if trainer.step + 1 in poisoned_steps else logits
+
+    trainer.model.forward = forward
+    try:
+        history = trainer.train()
+        outcome = ("finished", [r["step"] for r in history], bool(embed.isfinite().all()))
+    except NonFiniteLossError as err:
+        outcome = ("stopped", str(err), trainer.step)
+    dist.destroy_process_group()
+    return outcome
+
+
+def test_nonfinite_loss_stops_with_the_step(tmp_path):
+    kind, message, step = run_ranks(train_with_poisoned_batches, 1, str(tmp_path), 0, {3})[0]
+    assert kind == "stopped" and step == 3
+    assert message.startswith("step 3: loss nan") and "train.max_nonfinite_skips=0" in message
+
+
+def test_nonfinite_steps_skipped_up_to_the_limit(tmp_path):
+    kind, steps, weights_finite = run_ranks(train_with_poisoned_batches, 1, str(tmp_path / "a"), 2, {2, 4})[0]
+    assert kind == "finished" and steps == [1, 2, 3, 4, 5] and weights_finite  # skipped updates left no NaN
+    kind, message, step = run_ranks(train_with_poisoned_batches, 1, str(tmp_path / "b"), 1, {2, 4})[0]
+    assert kind == "stopped" and step == 4
+
+
+def test_wandb_online_without_credentials_falls_back_to_offline(tmp_path, monkeypatch, capsys):
+    from ladder_train.train.metrics import MetricLogger
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    cfg = tiny_config("standard", 8, str(tmp_path / "run"), **{"wandb.mode": "online"})
+    logger = MetricLogger(cfg, tmp_path / "run", is_main=True)
+    try:
+        assert logger.wandb_run is not None and logger.wandb_run.settings.mode == "offline"
+        assert logger.wandb_run.config["model"]["residual"] == "standard"  # the resolved config is logged
+        logger.log({"step": 1, "loss": 1.5, "lr": 1e-3, "grad_norm": 0.5}, console=False)
+    finally:
+        logger.close()
+    assert "online init failed" in capsys.readouterr().err
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["loss"] == 1.5

@@ -42,5 +42,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param
     apply_activation_checkpointing(model, cfg.activation_checkpoint, cfg.ac_every)
     if cfg.compile:
         apply_compile(model)
-    apply_fsdp(model, mesh, param_dtype)
+    # one fp32 process has nothing to shard, reduce or cast: FSDP would only add copies per step
+    if mesh.size() > 1 or param_dtype != torch.float32:
+        apply_fsdp(model, mesh, param_dtype)
     return model

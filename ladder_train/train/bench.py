@@ -1,0 +1,102 @@
+"""Trainer overhead benchmark: the trainer against a bare loop on the same model and batches.
+
+    python -m ladder_train.train.bench [--steps 20] [--rounds 2] [key=value ...]
+
+The bare loop is plain forward / backward / clip / AdamW step on an unsharded model, with the batches
+already in memory: no FSDP, no data loader, no logging. The trainer runs the same steps with its full
+machinery (mesh, FSDP2 of one process, metrics). Rounds alternate the two; the best of each is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..config import load_config, model_args
+from ..model import Transformer
+from ..parallel import init_distributed
+from .optim import build_optimizer
+from .trainer import Trainer
+
+DEFAULTS = [
+    "model.vocab_size=8192",
+    "model.dim=256",
+    "model.n_layers=4",
+    "model.n_heads=4",
+    "model.ffn_dim=688",
+    "model.max_seq_len=256",
+    "model.residual=ladder",
+    "data.seq_len=256",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "train.log_every=10",
+    "train.schedule.warmup_steps=5",
+    "train.schedule.total_steps=1000",
+    "wandb.mode=disabled",
+    "run.dir=runs/bench-trainer",
+]
+
+
+def make_batches(cfg, count: int) -> list:
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.model.vocab_size, (count, cfg.train.micro_batch_size, cfg.data.seq_len + 1), generator=gen)
+    return [(t[:, :-1], t[:, 1:]) for t in tokens]
+
+
+def bare_loop(cfg, batches: list, steps: int) -> float:
+    torch.manual_seed(cfg.run.seed)
+    model = Transformer(model_args(cfg.model))
+    optimizer = build_optimizer(model, cfg.train.optimizer)
+    accumulation = cfg.train.global_batch_size // cfg.train.micro_batch_size
+    tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
+    source = itertools.cycle(batches)
+    start = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(accumulation):
+            inputs, labels = next(source)
+            logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / (tokens_per_step)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.optimizer.grad_clip or math.inf)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return steps * tokens_per_step / (time.perf_counter() - start)
+
+
+def trainer_loop(cfg, batches: list, steps: int, env) -> float:
+    cfg.train.max_steps = steps
+    trainer = Trainer(cfg, env, batches=itertools.cycle(batches))
+    start = time.perf_counter()
+    trainer.train()
+    return steps * cfg.train.global_batch_size * cfg.data.seq_len / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    cfg = load_config(None, DEFAULTS + args.overrides)
+    torch.set_num_threads(torch.get_num_threads())
+    env = init_distributed()
+    batches = make_batches(cfg, 16)
+    bare, trained = [], []
+    for _ in range(args.rounds):
+        bare.append(bare_loop(cfg, batches, args.steps))
+        trained.append(trainer_loop(cfg, batches, args.steps, env))
+    dist.destroy_process_group()
+    best_bare, best_trainer = max(bare), max(trained)
+    print(f"bare loop : {best_bare:,.0f} tokens/s (rounds: {', '.join(f'{x:,.0f}' for x in bare)})")
+    print(f"trainer   : {best_trainer:,.0f} tokens/s (rounds: {', '.join(f'{x:,.0f}' for x in trained)})")
+    print(f"trainer / bare = {best_trainer / best_bare:.3f} (overhead {100 * (1 - best_trainer / best_bare):.1f} %)")
+
+
+if __name__ == "__main__":
+    main()
