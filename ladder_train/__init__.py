@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 
 def load_model(path_or_preset: str | Path, device: str | torch.device = "cpu", **overrides):
-    """A Transformer from an export folder (``model.safetensors`` + ``config.json``) or a preset name
-    (random weights, seeded by the caller). ``overrides`` set ModelArgs fields of a preset, e.g.
+    """A Transformer from an export folder (``model.safetensors`` + ``config.json``), a training
+    checkpoint (``RUN_DIR/checkpoints/step-N``) or a preset name (random weights, seeded by the caller). ``overrides`` set ModelArgs fields of a preset, e.g.
     ``residual="ladder"``."""
     from .model import Transformer, preset_args
     from .model.hf_format import load_export
@@ -25,9 +25,13 @@ def load_model(path_or_preset: str | Path, device: str | torch.device = "cpu", *
     path = Path(path_or_preset)
     if path.is_dir():
         if overrides:
-            raise ValueError(f"{path}: field overrides apply to presets only, not to exports")
-        return load_export(path, device=device)
-    raise ValueError(f"{path_or_preset!r} is neither a model preset ({', '.join(PRESETS)}) nor an export folder")
+            raise ValueError(f"{path}: field overrides apply to presets only, not to saved models")
+        if (path / "config.json").is_file():
+            return load_export(path, device=device)
+        from .checkpoint import model_from_checkpoint
+
+        return model_from_checkpoint(path, device=device)
+    raise ValueError(f"{path_or_preset!r} is neither a model preset ({', '.join(PRESETS)}) nor a saved model folder")
 
 
 __all__ = ["__version__", "load_model"]

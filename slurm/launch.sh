@@ -17,10 +17,27 @@ fi
 HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
 export WANDB_RUN_GROUP=${WANDB_RUN_GROUP:-$SLURM_JOB_NAME}
-# Slurm sends SIGUSR1 before the time limit (--signal=USR1@120); srun forwards it to torchrun's workers,
-# which save a checkpoint; the job is then requeued and resumes from it (checkpointing: issue 5).
+
+# Preemption: sbatch's --signal=B:USR1@120 reaches this shell before the time limit. It is passed on to
+# srun, which forwards it to torchrun, which forwards it to the workers (--signals-to-handle); each worker
+# finishes its step, saves a checkpoint and exits. The job is then requeued and auto-resumes from it.
+# torchrun gives the workers 30 s after forwarding before it kills them: the regular checkpoint.every
+# saves bound what a slow final save could lose.
+REQUEUE=0
+trap 'REQUEUE=1; kill -USR1 "$SRUN_PID" 2>/dev/null' USR1 TERM
 srun --kill-on-bad-exit=1 --ntasks-per-node=1 \
     "$PYTHON" -m torch.distributed.run \
     --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \
     --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:29500" --rdzv-id "$SLURM_JOB_ID" \
-    -m ladder_train.train --config "$RECIPE" "$@"
+    --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \
+    -m ladder_train.train --config "$RECIPE" "$@" &
+SRUN_PID=$!
+status=0
+wait "$SRUN_PID" || status=$?
+if [[ "$REQUEUE" == 1 ]]; then
+    wait "$SRUN_PID" 2>/dev/null || true   # the first wait returns when the trap fires
+    echo "preempted: requeueing job $SLURM_JOB_ID; it resumes from the newest checkpoint in run.dir"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+exit "$status"

@@ -10,7 +10,7 @@
 #SBATCH --cpus-per-task=64
 #SBATCH --exclusive
 #SBATCH --time=48:00:00
-#SBATCH --signal=USR1@120
+#SBATCH --signal=B:USR1@120
 #SBATCH --requeue
 #SBATCH --output=logs/%x-%j.out
 set -euo pipefail

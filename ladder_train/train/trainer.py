@@ -6,7 +6,9 @@ Launch: ``ladder-train --config recipes/X.yaml [key=value ...]`` alone, or
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -18,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from ..checkpoint import Checkpointer, CheckpointError
 from ..config import Config, ConfigError, model_args, save_config, to_yaml
 from ..model import Transformer, flops_per_token
 from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
@@ -27,6 +30,14 @@ from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
+
+
+class Preempted(Exception):
+    """SIGTERM or SIGUSR1 arrived: a checkpoint of the current step was saved; requeue to resume."""
+
+
+# exit status after a preemption checkpoint: the Slurm script requeues the job on it (sysexits EX_TEMPFAIL)
+EXIT_REQUEUE = 75
 
 
 @dataclass
@@ -80,9 +91,9 @@ class Trainer:
         self.plan = BatchPlan(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len)
         self.plan.check()
         self.tokenizer = None
-        if batches is None:  # tokenizer and sources are checked before the model is built
-            batches = self._build_data()
-        self.batches: Iterator = iter(batches)
+        # tokenizer and sources are checked before the model is built
+        self.loader = self._build_data() if batches is None else batches
+        self._batches: Iterator | None = None
 
         self.mesh = build_mesh(env.device.type, replicate, shard)
         self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
@@ -100,8 +111,68 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.nonfinite_skips = 0
+        self.wandb_id: str | None = None
         self.flops_per_token = flops_per_token(self.model_args, cfg.data.seq_len)
         self.peak_flops = device_peak_flops(env.device)
+        self.checkpointer = Checkpointer(cfg.checkpoint, self.run_dir, env.rank, env.world_size)
+        self._preempt_signal: int | None = None
+        self._preempt_all = False
+        self._resume()
+
+    # checkpoints ---------------------------------------------------------------------------------------
+
+    def _trainer_state(self) -> dict:
+        return {
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "nonfinite_skips": self.nonfinite_skips,
+            "scheduler": self.scheduler.state_dict(),
+            "wandb_id": self.wandb_id,
+            "model_args": dataclasses.asdict(self.model_args),
+        }
+
+    def _rank_state(self) -> dict:
+        state = {"rng_cpu": torch.get_rng_state()}
+        if self.env.device.type == "cuda":
+            state["rng_cuda"] = torch.cuda.get_rng_state(self.env.device)
+        if hasattr(self.loader, "state_dict"):
+            state["data"] = self.loader.state_dict()
+        return state
+
+    def save_checkpoint(self) -> None:
+        self.checkpointer.save(self.step, self.model, self.optimizer, self._trainer_state(), self._rank_state())
+
+    def _resume(self) -> None:
+        path = self.checkpointer.resume_path()
+        if path is None:
+            return
+        model_only = self.cfg.checkpoint.load_model_only
+        expected = {k: v for k, v in dataclasses.asdict(self.model_args).items() if k not in ("init_std",)}
+        state, rank_state = self.checkpointer.load(path, self.model, self.optimizer, expected, model_only)
+        if model_only:
+            if self.env.is_main:
+                print(f"loaded weights from {path} (step {state['step']}); optimizer, schedule and data start fresh")
+            return
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.nonfinite_skips, self.wandb_id = state["nonfinite_skips"], state["wandb_id"]
+        self.scheduler.load_state_dict(state["scheduler"])
+        note = ""
+        if rank_state is not None:
+            torch.set_rng_state(rank_state["rng_cpu"])
+            if "rng_cuda" in rank_state and self.env.device.type == "cuda":
+                torch.cuda.set_rng_state(rank_state["rng_cuda"], self.env.device)
+            if "data" in rank_state and hasattr(self.loader, "load_state_dict"):
+                self.loader.load_state_dict(rank_state["data"])
+        else:
+            note = (
+                f"; saved with {state['world_size']} processes, now {self.env.world_size}: weights and optimizer "
+                "resharded, the data stream is re-split per rank and starts again from its beginning"
+            )
+        if self.env.is_main:
+            print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
+
+    def _request_preemption(self, signum, frame) -> None:
+        self._preempt_signal = signum
 
     def _build_data(self):
         from ..data import build_dataloader, check_vocab, load_tokenizer
@@ -132,7 +203,9 @@ class Trainer:
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
                 model.set_requires_all_reduce(last)
             waited = time.perf_counter()
-            inputs, labels = next(self.batches)
+            if self._batches is None:  # created after a resume restored the loader's position
+                self._batches = iter(self.loader)
+            inputs, labels = next(self._batches)
             data_wait += time.perf_counter() - waited
             inputs, labels = inputs.to(self.env.device, non_blocking=True), labels.to(self.env.device, non_blocking=True)
             logits = model(inputs)
@@ -143,10 +216,12 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG if self.env.device.type == "cuda" else dist.ReduceOp.SUM)
-        if self.env.device.type != "cuda":  # gloo has no AVG
-            loss_sum /= self.env.world_size
-        loss_value, norm_value = loss_sum.item(), grad_norm.item()
+        # one small all-reduce per step: the summed loss, and whether any rank was asked to stop
+        preempt = 0.0 if self._preempt_signal is None else 1.0
+        shared = torch.stack([loss_sum, torch.tensor(preempt, device=loss_sum.device)])
+        dist.all_reduce(shared)
+        loss_value, self._preempt_all = shared[0].item() / self.env.world_size, shared[1].item() > 0
+        norm_value = grad_norm.item()
         finite = math.isfinite(loss_value) and math.isfinite(norm_value)
         if finite:
             self.optimizer.step()
@@ -178,7 +253,9 @@ class Trainer:
                 f"total {self.total_steps}, running {self.max_steps} steps",
                 flush=True,
             )
-        logger = MetricLogger(cfg, self.run_dir, env.is_main)
+        logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id)
+        self.wandb_id = logger.wandb_id if env.is_main else None
+        handlers = {sig: signal.signal(sig, self._request_preemption) for sig in (signal.SIGTERM, signal.SIGUSR1)}
         history: list[dict] = []
         self.model.train()
         interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
@@ -212,8 +289,19 @@ class Trainer:
                     )
                     logger.log(record)
                     interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
+                if self._preempt_all:
+                    self.save_checkpoint()
+                    self.checkpointer.finish()
+                    raise Preempted(f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue")
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < self.max_steps:
+                    self.save_checkpoint()
+            if history:
+                self.save_checkpoint()  # the final checkpoint
+            self.checkpointer.finish()
             logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
         finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
             logger.close()
         return history
 
@@ -241,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
             Trainer(cfg, env).train()
         finally:
             dist.destroy_process_group()
-    except (ConfigError, NonFiniteLossError) as err:
+    except Preempted as note:
+        print(f"preempted: {note}", file=sys.stderr)
+        return EXIT_REQUEUE
+    except (ConfigError, NonFiniteLossError, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
     return 0

@@ -1,0 +1,205 @@
+"""Checkpoints: exact resume after SIGKILL, reshard 4 -> 2 -> 1 processes, SIGTERM preemption, torn
+folders, shape mismatches, and the Hugging Face export."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ladder_train.checkpoint import COMPLETE_MARKER, CheckpointError, Checkpointer
+from ladder_train.config import load_config
+from ladder_train.train.trainer import EXIT_REQUEUE
+
+from dist_utils import run_ranks
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+SMOKE = [
+    "--config",
+    str(REPO / "recipes" / "smoke.yaml"),
+    "train.max_steps=12",
+    "train.log_every=1",
+    "checkpoint.every=4",
+    "data.num_workers=1",
+]
+
+
+def losses_by_step(run_dir: Path) -> dict[int, float]:
+    """The last logged loss of every step (a resumed run logs the replayed steps again)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records}
+
+
+def torchrun(run_dir: Path, nproc: int, *extra: str) -> subprocess.Popen:
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ladder_train.train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    return subprocess.Popen(
+        [*cmd, *SMOKE, f"run.dir={run_dir}", *extra], env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (run_dir / "metrics.jsonl").is_file() and max(losses_by_step(run_dir), default=0) >= step:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended early:\n{proc.stdout.read()}")
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def test_sigkill_then_resume_reproduces_every_loss(tmp_path):
+    reference = tmp_path / "reference"
+    proc = torchrun(reference, 2)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read()
+
+    killed = tmp_path / "killed"
+    proc = torchrun(killed, 2)
+    wait_for_step(killed, 6, proc)  # past the step-4 checkpoint, before step 8's
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    saved = sorted(p.name for p in (killed / "checkpoints").iterdir())
+    assert "step-4" in saved and "step-12" not in saved
+
+    proc = torchrun(killed, 2)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, output
+    assert "resuming from" in output
+    expected, resumed = losses_by_step(reference), losses_by_step(killed)
+    assert sorted(expected) == list(range(1, 13))
+    assert resumed == expected  # bit for bit, every step
+
+
+SEQ, GLOBAL, VOCAB = 16, 8, 256
+
+
+def step_batches(rank: int, world: int, micro: int, start_step: int):
+    """Global batch s is fixed by s alone; each rank takes its rows (the data position is the step)."""
+    per_rank = GLOBAL // world
+    step = start_step
+    while True:
+        tokens = torch.randint(0, VOCAB, (GLOBAL, SEQ + 1), generator=torch.Generator().manual_seed(step))
+        mine = tokens[rank * per_rank : (rank + 1) * per_rank]
+        for start in range(0, per_rank, micro):
+            yield mine[start : start + micro, :-1], mine[start : start + micro, 1:]
+        step += 1
+
+
+def train_synthetic(run_dir: str, start_step: int, max_steps: int, extra=()):
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    env = init_distributed()
+    overrides = [
+        f"run.dir={run_dir}",
+        f"model.vocab_size={VOCAB}",
+        "model.dim=32",
+        "model.n_layers=2",
+        "model.n_heads=4",
+        "model.ffn_dim=64",
+        f"model.max_seq_len={SEQ}",
+        "model.residual=ladder",
+        f"data.seq_len={SEQ}",
+        f"train.global_batch_size={GLOBAL}",
+        "train.micro_batch_size=2",
+        f"train.max_steps={max_steps}",
+        "train.log_every=1",
+        "train.schedule.warmup_steps=2",
+        "train.schedule.total_steps=10",
+        "checkpoint.every=3",
+        "wandb.mode=disabled",
+        *extra,
+    ]
+    cfg = load_config(None, overrides)
+    try:
+        trainer = Trainer(cfg, env, batches=step_batches(env.rank, env.world_size, 2, start_step))
+        return {r["step"]: r["loss"] for r in trainer.train()}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hsdp_checkpoint_resumes_on_fewer_processes(tmp_path):
+    original = tmp_path / "four"
+    reference = run_ranks(train_synthetic, 4, str(original), 0, 6, local_world_size=2)[0]  # HSDP 2 x 2
+    assert sorted(reference) == [1, 2, 3, 4, 5, 6]
+    for world in (2, 1):
+        resumed_dir = tmp_path / f"on{world}"
+        shutil.copytree(original, resumed_dir)
+        shutil.rmtree(resumed_dir / "checkpoints" / "step-6")  # resume from step 3
+        (resumed_dir / "metrics.jsonl").unlink()
+        resumed = run_ranks(train_synthetic, world, str(resumed_dir), 3, 6)[0]
+        assert sorted(resumed) == [4, 5, 6]
+        for step in (4, 5, 6):
+            assert resumed[step] == pytest.approx(reference[step], abs=1e-5)
+
+
+def test_other_layout_is_refused_naming_the_mismatch(tmp_path):
+    run_ranks(train_synthetic, 1, str(tmp_path), 0, 3)
+    with pytest.raises(Exception) as err:
+        run_ranks(train_synthetic, 1, str(tmp_path), 3, 6, ["model.residual=parallel"])
+    # the child's CheckpointError reaches us through mp.spawn's error text
+    assert "residual: checkpoint 'ladder', run 'parallel'" in str(err.value)
+
+
+def test_sigterm_saves_the_current_step_and_exits_for_requeue(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = torchrun(run_dir, 1, "train.max_steps=200", "checkpoint.every=0")
+    wait_for_step(run_dir, 3, proc)
+    # torchrun forwards SIGTERM to its worker, which finishes the step and saves
+    os.killpg(proc.pid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    last_step = max(losses_by_step(run_dir))
+    assert (run_dir / "checkpoints" / f"step-{last_step}" / COMPLETE_MARKER).is_file(), output
+    assert f"exit {EXIT_REQUEUE} to requeue" in output
+
+
+def test_incomplete_checkpoint_is_skipped_with_a_warning(tmp_path, capsys):
+    folder = tmp_path / "checkpoints"
+    for step, complete in ((4, True), (8, True), (12, False)):
+        (folder / f"step-{step}").mkdir(parents=True)
+        if complete:
+            (folder / f"step-{step}" / COMPLETE_MARKER).write_text("done")
+    (folder / "step-16.partial").mkdir()  # a save that never finished
+    cfg = load_config(None, [])
+    checkpointer = Checkpointer(cfg.checkpoint, tmp_path, rank=0, world_size=1)
+    assert checkpointer.resume_path() == folder / "step-8"
+    err = capsys.readouterr().err
+    assert "skipping incomplete checkpoint" in err and "step-12" in err and "step-16" not in err
+    cfg = load_config(None, [f"checkpoint.load={folder / 'step-12'}"])
+    with pytest.raises(CheckpointError, match="step-12: not a complete checkpoint"):
+        Checkpointer(cfg.checkpoint, tmp_path, rank=0, world_size=1).resume_path()
+
+
+def test_standard_export_matches_llama_logits(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    run_ranks(train_synthetic, 1, str(tmp_path / "run"), 0, 3, ["model.residual=standard", "model.n_kv_heads=2"])
+    out = tmp_path / "export"
+    result = subprocess.run(
+        [PYTHON, "-m", "ladder_train.export", str(tmp_path / "run" / "checkpoints" / "step-3"), str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["residual"] == "standard" and config["num_key_value_heads"] == 2
+
+    from ladder_train import load_model
+
+    ours = load_model(out).eval()
+    llama = transformers.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(llama(ids).logits, ours(ids), atol=1e-5, rtol=1e-5)
+    # and the checkpoint itself loads to the same model
+    from_checkpoint = load_model(tmp_path / "run" / "checkpoints" / "step-3")
+    with torch.no_grad():
+        torch.testing.assert_close(from_checkpoint(ids), ours(ids), atol=0, rtol=0)
