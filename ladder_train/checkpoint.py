@@ -128,7 +128,9 @@ class Checkpointer:
         if self.cfg.load:
             path = Path(self.cfg.load)
             if not (path / COMPLETE_MARKER).is_file():
-                raise CheckpointError(f"checkpoint.load={path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+                raise CheckpointError(
+                    f"checkpoint.load={path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)"
+                )
             return path
         complete = complete_checkpoints(self.folder)
         return complete[-1] if complete else None
@@ -186,7 +188,11 @@ class Checkpointer:
         changed or only weights were asked for). The model shape is checked before any tensor is read."""
         trainer_state = read_trainer_state(path)
         saved_model = trainer_state.get("model_args", {})
-        mismatched = [f"{k}: checkpoint {saved_model.get(k)!r}, run {v!r}" for k, v in expected_model.items() if saved_model.get(k) != v]
+        mismatched = [
+            f"{k}: checkpoint {saved_model.get(k)!r}, run {v!r}"
+            for k, v in expected_model.items()
+            if saved_model.get(k) != v
+        ]
         if mismatched:
             raise CheckpointError(f"{path}: the checkpoint's model differs from this run's ({'; '.join(mismatched)})")
         if model_only:

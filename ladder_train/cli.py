@@ -59,7 +59,9 @@ def cmd_demo(argv: list[str]) -> int:
         loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         grad = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
-        print(f"{residual:>8}: loss {loss.item():.4f} (ln V = {torch.log(torch.tensor(49152.0)):.4f}), grad norm {grad:.4f}")
+        print(
+            f"{residual:>8}: loss {loss.item():.4f} (ln V = {torch.log(torch.tensor(49152.0)):.4f}), grad norm {grad:.4f}"
+        )
     return 0
 
 

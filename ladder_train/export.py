@@ -30,7 +30,10 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
         except ConfigError as err:  # e.g. a hub tokenizer on an offline machine: the weights still export
             print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
     else:
-        print(f"warning: {run_config} not found; the export has no tokenizer.json (pass --tokenizer to ladder-eval)", file=sys.stderr)
+        print(
+            f"warning: {run_config} not found; the export has no tokenizer.json (pass --tokenizer to ladder-eval)",
+            file=sys.stderr,
+        )
     return out_dir
 
 

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from dist_utils import run_ranks
 
-from ladder_train.checkpoint import COMPLETE_MARKER, CheckpointError, Checkpointer
+from ladder_train.checkpoint import COMPLETE_MARKER, Checkpointer, CheckpointError
 from ladder_train.config import load_config
 from ladder_train.train.trainer import EXIT_REQUEUE
-
-from dist_utils import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -39,10 +38,23 @@ def losses_by_step(run_dir: Path) -> dict[int, float]:
 
 
 def torchrun(run_dir: Path, nproc: int, *extra: str) -> subprocess.Popen:
-    cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ladder_train.train"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "ladder_train.train",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     return subprocess.Popen(
-        [*cmd, *SMOKE, f"run.dir={run_dir}", *extra], env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*cmd, *SMOKE, f"run.dir={run_dir}", *extra],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

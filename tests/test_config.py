@@ -30,7 +30,9 @@ def test_defaults_preset_recipe_then_overrides(tmp_path):
 
 
 def test_resolved_config_saves_and_reloads(tmp_path):
-    cfg = load_config(None, ["model.preset=tiny", "model.residual=ladder", "data.seq_len=128", "train.optimizer.lr=1e-3"])
+    cfg = load_config(
+        None, ["model.preset=tiny", "model.residual=ladder", "data.seq_len=128", "train.optimizer.lr=1e-3"]
+    )
     save_config(cfg, tmp_path / "run" / "config.yaml")
     again = load_config(tmp_path / "run" / "config.yaml")
     assert again == cfg
@@ -46,7 +48,9 @@ def test_misspelled_key_names_it_and_lists_valid_keys(tmp_path):
 
 
 def test_unknown_section_lists_sections():
-    with pytest.raises(ConfigError, match=r"unknown key 'trian' \(did you mean 'train'\?\); valid keys here: run, model, data, train"):
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'trian' \(did you mean 'train'\?\); valid keys here: run, model, data, train"
+    ):
         load_config(None, ["trian.log_every=3"])
 
 

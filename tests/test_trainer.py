@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from dist_utils import run_ranks
 
 from ladder_train.config import load_config
 from ladder_train.train.optim import lr_factor, resolve_schedule_steps
 from ladder_train.train.plan import dry_run
-
-from dist_utils import run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ, GLOBAL, VOCAB, STEPS = 16, 8, 256, 5
@@ -66,7 +65,9 @@ def train_losses(layouts, micro, tmp, replicate=-1, shard=-1):
     losses = {}
     try:
         for residual in layouts:
-            cfg = tiny_config(residual, micro, f"{tmp}/{residual}", **{"parallel.dp_replicate": replicate, "parallel.dp_shard": shard})
+            cfg = tiny_config(
+                residual, micro, f"{tmp}/{residual}", **{"parallel.dp_replicate": replicate, "parallel.dp_shard": shard}
+            )
             trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
             losses[residual] = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
             mesh = tuple(trainer.mesh.shape)
@@ -139,7 +140,9 @@ def test_schedule_formula():
     assert lr_factor(midpoint, warmup, total, peak_ratio) == pytest.approx(0.55)  # halfway down the cosine
     assert lr_factor(total, warmup, total, peak_ratio) == pytest.approx(0.1)
     assert lr_factor(total + 100, warmup, total, peak_ratio) == pytest.approx(0.1)
-    cfg = load_config(REPO / "recipes" / "paper.yaml", ["train.schedule.warmup_tokens=8e9", "train.schedule.total_tokens=100e9"])
+    cfg = load_config(
+        REPO / "recipes" / "paper.yaml", ["train.schedule.warmup_tokens=8e9", "train.schedule.total_tokens=100e9"]
+    )
     assert resolve_schedule_steps(cfg.train.schedule, 2048 * 2048) == (1908, 23842)
 
 

@@ -52,7 +52,9 @@ def init_distributed() -> Dist:
         device = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
+        )
     return Dist(rank, world_size, local_rank, local_world_size, device)
 
 

@@ -45,7 +45,9 @@ DEFAULTS = [
 
 def make_batches(cfg, count: int) -> list:
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.model.vocab_size, (count, cfg.train.micro_batch_size, cfg.data.seq_len + 1), generator=gen)
+    tokens = torch.randint(
+        0, cfg.model.vocab_size, (count, cfg.train.micro_batch_size, cfg.data.seq_len + 1), generator=gen
+    )
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 

@@ -65,7 +65,9 @@ class MetricLogger:
         if console and "loss" in metrics:
             print(format_line(metrics), flush=True)
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in metrics.items() if k != "step" and v is not None}, step=metrics["step"])
+            self.wandb_run.log(
+                {k: v for k, v in metrics.items() if k != "step" and v is not None}, step=metrics["step"]
+            )
 
     def summary(self, values: dict) -> None:
         if self.wandb_run is not None:
@@ -102,5 +104,8 @@ def _start_wandb(cfg: Config, run_dir: Path, wandb_id: str | None):
         try:
             return wandb.init(mode="online", settings=wandb.Settings(init_timeout=60), **settings)
         except Exception as err:  # no API key, no network: keep training, sync later with `wandb sync`
-            print(f"wandb: online init failed ({str(err).splitlines()[0]}); logging offline to {run_dir}/wandb", file=sys.stderr)
+            print(
+                f"wandb: online init failed ({str(err).splitlines()[0]}); logging offline to {run_dir}/wandb",
+                file=sys.stderr,
+            )
     return wandb.init(mode="offline", **settings)

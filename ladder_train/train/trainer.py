@@ -24,6 +24,7 @@ from ..checkpoint import Checkpointer, CheckpointError
 from ..config import Config, ConfigError, model_args, save_config, to_yaml
 from ..model import Transformer, flops_per_token
 from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
+from .hooks import evaluate_checkpoint, validation
 from .metrics import MetricLogger, device_peak_flops, peak_memory_gib
 from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
 
@@ -171,6 +172,16 @@ class Trainer:
         if self.env.is_main:
             print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
 
+    def _log_validation(self, logger) -> None:
+        record = validation(self)
+        if record is not None:
+            logger.log(record, console=False)
+            if self.env.is_main:
+                print(
+                    f"step {self.step:>6} | val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}",
+                    flush=True,
+                )
+
     def _request_preemption(self, signum, frame) -> None:
         self._preempt_signal = signum
 
@@ -207,7 +218,10 @@ class Trainer:
                 self._batches = iter(self.loader)
             inputs, labels = next(self._batches)
             data_wait += time.perf_counter() - waited
-            inputs, labels = inputs.to(self.env.device, non_blocking=True), labels.to(self.env.device, non_blocking=True)
+            inputs, labels = (
+                inputs.to(self.env.device, non_blocking=True),
+                labels.to(self.env.device, non_blocking=True),
+            )
             logits = model(inputs)
             loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens_per_rank
             loss.backward()
@@ -289,15 +303,27 @@ class Trainer:
                     )
                     logger.log(record)
                     interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
+                if cfg.eval.val_every and self.step % cfg.eval.val_every == 0:
+                    self._log_validation(logger)
                 if self._preempt_all:
                     self.save_checkpoint()
                     self.checkpointer.finish()
-                    raise Preempted(f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue")
+                    raise Preempted(
+                        f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue"
+                    )
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < self.max_steps:
                     self.save_checkpoint()
+                    saves = self.step // cfg.checkpoint.every
+                    if cfg.eval.every and saves % cfg.eval.every == 0:
+                        self.checkpointer.finish()
+                        evaluate_checkpoint(self, logger)
             if history:
+                if cfg.eval.val_every and self.step % cfg.eval.val_every:
+                    self._log_validation(logger)  # the final validation loss
                 self.save_checkpoint()  # the final checkpoint
             self.checkpointer.finish()
+            if history and cfg.eval.at_end and cfg.eval.tasks:
+                evaluate_checkpoint(self, logger)
             logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
         finally:
             for sig, handler in handlers.items():
@@ -313,10 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     from ..parallel import init_distributed
     from .plan import dry_run
 
-    parser = argparse.ArgumentParser(prog="ladder-train", description="Pretrain a standard, parallel or ladder transformer.")
+    parser = argparse.ArgumentParser(
+        prog="ladder-train", description="Pretrain a standard, parallel or ladder transformer."
+    )
     parser.add_argument("--config", help="a recipe YAML (recipes/*.yaml)")
-    parser.add_argument("--dry-run", action="store_true", help="build the mesh and sharded model on the meta device, print the plan, exit")
-    parser.add_argument("--simulate", default=None, metavar="NODESxGPUS", help="with --dry-run: the world to plan for, e.g. 16x8")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the mesh and sharded model on the meta device, print the plan, exit",
+    )
+    parser.add_argument(
+        "--simulate", default=None, metavar="NODESxGPUS", help="with --dry-run: the world to plan for, e.g. 16x8"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
     args = parser.parse_args(argv)
     try:
