@@ -1,0 +1,78 @@
+"""ladder-report on fabricated runs: the table's numbers and the plots."""
+
+import json
+import math
+
+import pytest
+from PIL import Image
+
+from ladder_train.config import load_config, save_config
+from ladder_train.report import main, write_report
+
+
+def fabricate_run(root, name, residual, base_loss):
+    run = root / name
+    run.mkdir()
+    save_config(load_config(None, [f"run.name={name}", f"model.residual={residual}", "model.preset=tiny", "data.seq_len=128"]), run / "config.yaml")
+    lines = []
+    for step in range(1, 11):
+        lines.append({"step": step, "loss": base_loss + 10 - step, "lr": 1e-3 * step / 10, "grad_norm": 1.0, "tokens": 1000 * step, "tokens_per_s": 500.0 + step})
+        if step % 5 == 0:
+            lines.append({"step": step, "tokens": 1000 * step, "val_loss": base_loss + 11 - step, "val_ppl": math.exp(base_loss + 11 - step)})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (run / "eval").mkdir()
+    summary = {"arc_easy_local": {"acc": 0.30, "acc_norm": 0.25 + base_loss / 100}, "piqa_local": {"acc": 0.55}}
+    (run / "eval" / "step-10.json").write_text(json.dumps({"summary": summary}))
+    return run
+
+
+def fabricate_bench(path):
+    rows = []
+    for layout, tps in (("standard", 100.0), ("parallel", 120.0), ("ladder", 150.0)):
+        for batch in (1, 4):
+            rows.append(
+                {"layout": layout, "batch": batch, "tokens_per_s": tps * batch, "decode_ms_per_token": 1000 / tps, "tp": 2, "device": "cpu (2 cores)",
+                 "emulated_link_latency_ms": 5.0, "none": {"tokens_per_s": 180.0 * batch}, "speedup_vs_standard": tps / 100, "comm_share": 0.4}
+            )
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_report_table_and_plots(tmp_path):
+    standard = fabricate_run(tmp_path, "repro_standard", "standard", 2.0)
+    ladder = fabricate_run(tmp_path, "repro_ladder", "ladder", 2.2)
+    bench = fabricate_bench(tmp_path / "bench.jsonl")
+    report = write_report([standard, ladder], tmp_path / "out", [bench])
+    text = report.read_text()
+    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines() if line.startswith("| ")}
+    # mean of the last five train losses: base + 10 - (6..10) -> base + 2
+    assert table["train loss (mean of last 5 logs)"] == ["4.0000", "4.2000", "+5.00 %"]
+    assert table["validation loss (final)"] == ["3.0000", "3.2000", "+6.67 %"]
+    assert table["validation perplexity"][:2] == [f"{math.exp(3.0):.2f}", f"{math.exp(3.2):.2f}"]
+    assert table["arc_easy_local (acc_norm)"][:2] == ["0.2700", "0.2720"]
+    assert table["piqa_local (acc)"][:2] == ["0.5500", "0.5500"]
+    assert table["training tokens/s (median)"][:2] == ["506", "506"]
+    assert table["ladder"][:4] == ["4", "600.0", "6.67", "1.500×"]  # the last ladder row: batch 4
+    assert "emulated" in text
+    for name in ("loss.png", "lr.png", "tp_bench.png"):
+        assert f"]({name})" in text
+        png = tmp_path / "out" / name
+        assert png.stat().st_size > 10_000
+        with Image.open(png) as image:
+            assert image.format == "PNG" and image.size[0] >= 600 and image.size[1] >= 300
+
+
+def test_report_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a run folder (missing metrics.jsonl)" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_names_a_broken_metrics_line(tmp_path):
+    run = fabricate_run(tmp_path, "r", "ladder", 1.0)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write("{not json\n")
+    with pytest.raises(Exception, match=r"metrics.jsonl:13: not a JSON line"):
+        write_report([run], tmp_path / "out")
