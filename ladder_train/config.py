@@ -64,7 +64,7 @@ class DataConfig:
     tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, or a local tokenizer.json path
     seq_len: int = 2048  # tokens per training sequence; windows of seq_len + 1 are cut from the stream
     num_workers: int = 2  # data loader worker processes (tokenization runs there)
-    validation_source: str | None = None  # held-out documents for the validation loss (same formats)
+    validation_source: str | None = None  # held-out documents for eval.val_every (its validation split); None = data.source's
 
 
 @dataclass
@@ -129,6 +129,8 @@ class EvalConfig:
         default_factory=lambda: ["arc_challenge", "arc_easy", "hellaswag", "piqa", "sciq", "winogrande", "wikitext"]
     )
     include_path: str | None = None  # a folder of the user's own lm-eval task YAMLs (offline tasks)
+    local_data: str | None = None  # a folder of local eval sets (layout of ../shared/eval) for the *_local tasks
+    batch_size: int = 8  # sequences per forward pass when scoring eval requests
     at_end: bool = True  # evaluate the final checkpoint when training ends
     every: int = 0  # also evaluate every N-th checkpoint; 0 = only at the end
     mode: str = "inprocess"  # inprocess | slurm (submit slurm/eval.sh)

@@ -18,12 +18,13 @@ from ..model import Transformer
 
 def validation(trainer) -> dict | None:
     """Token-weighted validation loss over the same first ``eval.val_batches`` batches of each rank's part
-    of ``data.validation_source``; every rank runs the same number of forwards (FSDP needs that)."""
+    of the validation split of ``data.validation_source`` (default: of ``data.source``); every rank runs
+    the same number of forwards (FSDP needs that)."""
     from ..data import build_dataloader
     from ..evaluation import validation_loss
 
     cfg = trainer.cfg
-    if trainer.tokenizer is None or not cfg.data.validation_source:
+    if trainer.tokenizer is None:  # fixed batches given by the caller (tests): no data source to hold out
         return None
     loader = build_dataloader(
         cfg.data,
@@ -32,7 +33,8 @@ def validation(trainer) -> dict | None:
         dp_rank=trainer.env.rank,
         dp_world_size=trainer.env.world_size,
         seed=cfg.run.seed,
-        source=cfg.data.validation_source,
+        source=cfg.data.validation_source or cfg.data.source,
+        split="validation",
         num_workers=0,
         cycle=True,
     )

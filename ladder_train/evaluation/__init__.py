@@ -1,0 +1,24 @@
+"""Evaluation: the lm-eval adapter over the project's model, offline task YAMLs, the eval-after-train entry
+point and held-out perplexity.
+
+    from ladder_train.evaluation import LadderLM, evaluate, validation_loss, wandb_summary
+"""
+
+from .adapter import EvalError, LadderLM
+from .perplexity import held_out_batches, perplexity, validation_loss
+from .report import format_table, wandb_summary
+from .run import evaluate
+from .task_registry import LOCAL_TASKS, PAPER_TASKS
+
+__all__ = [
+    "LOCAL_TASKS",
+    "PAPER_TASKS",
+    "EvalError",
+    "LadderLM",
+    "evaluate",
+    "format_table",
+    "held_out_batches",
+    "perplexity",
+    "validation_loss",
+    "wandb_summary",
+]

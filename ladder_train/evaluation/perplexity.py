@@ -1,0 +1,89 @@
+"""Loss and perplexity on held-out text: the in-training validation (``eval.val_every``) and ``ladder-eval
+--val-data``. The loss is the token-weighted mean cross-entropy in fp32; perplexity = exp(loss)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .adapter import EOT_TOKEN, EvalError
+
+IGNORE_INDEX = -100  # labels with this value are not scored (torch's cross_entropy convention)
+_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
+
+
+@torch.no_grad()
+def validation_loss(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+    """Mean cross-entropy over every scored label token of ``batches`` ((inputs, labels), LongTensor (B, T))
+    and the number of those tokens. Runs in eval mode and restores the model's mode afterwards."""
+    device = next(model.parameters()).device
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    was_training = model.training
+    model.eval()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    try:
+        for inputs, labels in batches:
+            inputs, labels = inputs.to(device), labels.to(device)
+            with autocast:
+                logits = model(inputs)
+            loss_sum = F.cross_entropy(
+                logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+            )
+            total += loss_sum.double().cpu()
+            count += int((labels != IGNORE_INDEX).sum())
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise EvalError("validation_loss: the batches hold no label tokens")
+    return float(total / count), count
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss)
+
+
+def held_out_batches(
+    path: str | Path,
+    tokenizer,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int | None = None,
+    text_column: str = "text",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) batches from a parquet / jsonl / text file (or a folder of one kind): each document
+    is tokenized, followed by ``<|endoftext|>``, concatenated and cut into windows of ``seq_len + 1`` tokens,
+    as the training data is. The incomplete last window and batch are dropped."""
+    from datasets import load_dataset
+
+    path = Path(path)
+    files = sorted(p for p in path.iterdir() if p.suffix in _BUILDERS) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise EvalError(f"validation data {path}: no .parquet, .jsonl or .txt file found")
+    kinds = {_BUILDERS.get(f.suffix) for f in files}
+    if None in kinds or len(kinds) != 1:
+        raise EvalError(f"validation data {path}: expected files of one kind among {', '.join(_BUILDERS)}")
+    builder = kinds.pop()
+    dataset = load_dataset(builder, data_files=[str(f) for f in files], split="train", streaming=True)
+    eot_id = tokenizer.token_to_id(EOT_TOKEN)
+    window = seq_len + 1
+    buffer: list[int] = []
+    rows: list[list[int]] = []
+    produced = 0
+    for document in dataset:
+        if text_column not in document:
+            raise EvalError(f"validation data {path}: no column {text_column!r} (columns: {', '.join(document)})")
+        buffer += tokenizer.encode(document[text_column], add_special_tokens=False).ids + [eot_id]
+        while len(buffer) >= window:
+            rows.append(buffer[:window])
+            buffer = buffer[window:]
+            if len(rows) == batch_size:
+                batch = torch.tensor(rows, dtype=torch.long)
+                yield batch[:, :-1], batch[:, 1:]
+                rows, produced = [], produced + 1
+                if max_batches is not None and produced >= max_batches:
+                    return

@@ -1,0 +1,42 @@
+"""The eval-after-train hook at the end of the smoke recipe, and ladder-eval on a training checkpoint."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_smoke_run_ends_with_an_evaluation(shared_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml"), f"run.dir={run_dir}"]
+    cmd += ["train.max_steps=12", "train.log_every=4", "eval.at_end=true", "eval.tasks=[arc_easy_local,piqa_local]"]
+    cmd += [f"eval.local_data={shared_dir / 'eval'}", "eval.limit=8", "wandb.mode=offline"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    saved = json.loads((run_dir / "eval" / "step-12.json").read_text())
+    summary = saved["summary"]
+    assert set(summary) == {"arc_easy_local", "piqa_local"} and saved["limit"] == 8
+    for metrics in summary.values():
+        assert 0 <= metrics["acc"] <= 1 and 0 <= metrics["acc_norm"] <= 1
+    # the same numbers went to metrics.jsonl and to the wandb run (offline file), under eval/<task>/<metric>
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    eval_record = next(r for r in logged if "eval/arc_easy_local/acc" in r)
+    assert eval_record["step"] == 12
+    assert eval_record["eval/arc_easy_local/acc"] == summary["arc_easy_local"]["acc"]
+    assert eval_record["eval/piqa_local/acc_norm"] == summary["piqa_local"]["acc_norm"]
+    wandb_file = next((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert b"eval/piqa_local/acc_norm" in wandb_file.read_bytes()
+
+    # ladder-eval on the final training checkpoint writes beside the run's other evaluations
+    checkpoint = run_dir / "checkpoints" / "step-12"
+    cmd = [sys.executable, "-m", "ladder_train.evaluation.cli", str(checkpoint), "--tasks", "arc_easy_local"]
+    cmd += ["--local-data", str(shared_dir / "eval"), "--limit", "8", "--out", str(tmp_path / "again.json")]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    again = json.loads((tmp_path / "again.json").read_text())["summary"]
+    assert again["arc_easy_local"] == summary["arc_easy_local"]  # same weights, same rows, same numbers
