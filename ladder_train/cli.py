@@ -1,5 +1,5 @@
-"""The ``ladder-train`` command. ``ladder-train --config R [key=value ...]`` trains (later issues);
-subcommands: ``show`` (resolved config and model size), ``demo`` (the quick start's job)."""
+"""The ``ladder-train`` command. ``ladder-train --config R [key=value ...]`` trains; subcommands:
+``show`` (resolved config and model size), ``demo`` (the quick start's job)."""
 
 from __future__ import annotations
 
@@ -44,25 +44,10 @@ def cmd_show(argv: list[str]) -> int:
 
 
 def cmd_demo(argv: list[str]) -> int:
-    """Until the trainer lands: a forward/backward smoke of the three layouts on random tokens."""
-    import torch
-    import torch.nn.functional as F
+    """Train the three layouts briefly, evaluate them, benchmark TP = 2, write the report."""
+    from .demo import main as demo_main
 
-    from .model import Transformer, preset_args
-
-    torch.manual_seed(0)
-    tokens = torch.randint(0, 49152, (2, 65))
-    for residual in ("standard", "parallel", "ladder"):
-        torch.manual_seed(0)
-        model = Transformer(preset_args("tiny", residual=residual))
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        grad = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
-        print(
-            f"{residual:>8}: loss {loss.item():.4f} (ln V = {torch.log(torch.tensor(49152.0)):.4f}), grad norm {grad:.4f}"
-        )
-    return 0
+    return demo_main(argv)
 
 
 SUBCOMMANDS = {"show": cmd_show, "demo": cmd_demo}

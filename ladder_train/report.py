@@ -25,7 +25,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .config import ConfigError, load_config  # noqa: E402
 
 # per task, the metric the paper's tables use (acc_norm where lm-eval has it) and whether lower is better
-TASK_METRICS = {"wikitext": ("word_perplexity", True), "wikitext2_local": ("word_perplexity", True), "lambada_local": ("acc", False)}
+TASK_METRICS = {
+    "wikitext": ("word_perplexity", True),
+    "wikitext2_local": ("word_perplexity", True),
+    "lambada_local": ("acc", False),
+}
 
 
 @dataclass
@@ -140,9 +144,23 @@ def plot_loss(runs: list[Run], out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, run in enumerate(runs):
         color = f"C{i}"
-        ax.plot([r["tokens"] for r in run.train], [r["loss"] for r in run.train], color=color, alpha=0.8, label=f"{run.label} train")
+        ax.plot(
+            [r["tokens"] for r in run.train],
+            [r["loss"] for r in run.train],
+            color=color,
+            alpha=0.8,
+            label=f"{run.label} train",
+        )
         if run.val:
-            ax.plot([r["tokens"] for r in run.val], [r["val_loss"] for r in run.val], color=color, linestyle="--", marker="o", markersize=3, label=f"{run.label} validation")
+            ax.plot(
+                [r["tokens"] for r in run.val],
+                [r["val_loss"] for r in run.val],
+                color=color,
+                linestyle="--",
+                marker="o",
+                markersize=3,
+                label=f"{run.label} validation",
+            )
     ax.set_xlabel("tokens")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("Loss against tokens")
@@ -198,7 +216,13 @@ def plot_bench(rows: list[dict], out: Path) -> Path:
         ceilings = [by_batch.get(b, {}).get("none", {}).get("tokens_per_s") for b in batches]
         points = [(x, c) for x, c in zip(xs, ceilings, strict=True) if c]
         if points:
-            ax.scatter(*zip(*points, strict=True), marker="_", s=400, color="black", label="no-communication ceiling" if i == 0 else None)
+            ax.scatter(
+                *zip(*points, strict=True),
+                marker="_",
+                s=400,
+                color="black",
+                label="no-communication ceiling" if i == 0 else None,
+            )
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
     ax.set_xlabel("batch size")
     ax.set_ylabel("tokens/s")
@@ -216,7 +240,16 @@ def plot_bench(rows: list[dict], out: Path) -> Path:
 
 
 def bench_table(rows: list[dict]) -> str:
-    header = ["layout", "batch", "tokens/s", "decode ms/token", "speedup vs standard", "ceiling tokens/s", "comm share", "overlap efficiency"]
+    header = [
+        "layout",
+        "batch",
+        "tokens/s",
+        "decode ms/token",
+        "speedup vs standard",
+        "ceiling tokens/s",
+        "comm share",
+        "overlap efficiency",
+    ]
     table = []
     for r in rows:
         none = r.get("none", {})
@@ -253,7 +286,10 @@ def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) 
         emulated = bench_rows[0].get("emulated_link_latency_ms")
         lines += ["## Tensor-parallel generation", ""]
         if emulated:
-            lines += [f"The interconnect is **emulated**: every all-reduce is held {emulated} ms past its completion.", ""]
+            lines += [
+                f"The interconnect is **emulated**: every all-reduce is held {emulated} ms past its completion.",
+                "",
+            ]
         lines += [bench_table(bench_rows), "", f"![TP throughput]({plot_bench(bench_rows, out).name})", ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))
@@ -261,8 +297,12 @@ def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ladder-report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders (the first is the baseline of the relative column)")
+    parser = argparse.ArgumentParser(
+        prog="ladder-report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "runs", nargs="+", type=Path, help="run folders (the first is the baseline of the relative column)"
+    )
     parser.add_argument("--bench", action="append", type=Path, default=[], help="ladder-bench JSON lines (repeatable)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

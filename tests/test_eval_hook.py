@@ -11,8 +11,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_smoke_run_ends_with_an_evaluation(shared_dir, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml"), f"run.dir={run_dir}"]
+    env = {
+        **os.environ,
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes" / "smoke.yaml"),
+        f"run.dir={run_dir}",
+    ]
     cmd += ["train.max_steps=12", "train.log_every=4", "eval.at_end=true", "eval.tasks=[arc_easy_local,piqa_local]"]
     cmd += [f"eval.local_data={shared_dir / 'eval'}", "eval.limit=8", "wandb.mode=offline"]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

@@ -13,12 +13,31 @@ from ladder_train.report import main, write_report
 def fabricate_run(root, name, residual, base_loss):
     run = root / name
     run.mkdir()
-    save_config(load_config(None, [f"run.name={name}", f"model.residual={residual}", "model.preset=tiny", "data.seq_len=128"]), run / "config.yaml")
+    save_config(
+        load_config(None, [f"run.name={name}", f"model.residual={residual}", "model.preset=tiny", "data.seq_len=128"]),
+        run / "config.yaml",
+    )
     lines = []
     for step in range(1, 11):
-        lines.append({"step": step, "loss": base_loss + 10 - step, "lr": 1e-3 * step / 10, "grad_norm": 1.0, "tokens": 1000 * step, "tokens_per_s": 500.0 + step})
+        lines.append(
+            {
+                "step": step,
+                "loss": base_loss + 10 - step,
+                "lr": 1e-3 * step / 10,
+                "grad_norm": 1.0,
+                "tokens": 1000 * step,
+                "tokens_per_s": 500.0 + step,
+            }
+        )
         if step % 5 == 0:
-            lines.append({"step": step, "tokens": 1000 * step, "val_loss": base_loss + 11 - step, "val_ppl": math.exp(base_loss + 11 - step)})
+            lines.append(
+                {
+                    "step": step,
+                    "tokens": 1000 * step,
+                    "val_loss": base_loss + 11 - step,
+                    "val_ppl": math.exp(base_loss + 11 - step),
+                }
+            )
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     (run / "eval").mkdir()
     summary = {"arc_easy_local": {"acc": 0.30, "acc_norm": 0.25 + base_loss / 100}, "piqa_local": {"acc": 0.55}}
@@ -31,8 +50,18 @@ def fabricate_bench(path):
     for layout, tps in (("standard", 100.0), ("parallel", 120.0), ("ladder", 150.0)):
         for batch in (1, 4):
             rows.append(
-                {"layout": layout, "batch": batch, "tokens_per_s": tps * batch, "decode_ms_per_token": 1000 / tps, "tp": 2, "device": "cpu (2 cores)",
-                 "emulated_link_latency_ms": 5.0, "none": {"tokens_per_s": 180.0 * batch}, "speedup_vs_standard": tps / 100, "comm_share": 0.4}
+                {
+                    "layout": layout,
+                    "batch": batch,
+                    "tokens_per_s": tps * batch,
+                    "decode_ms_per_token": 1000 / tps,
+                    "tp": 2,
+                    "device": "cpu (2 cores)",
+                    "emulated_link_latency_ms": 5.0,
+                    "none": {"tokens_per_s": 180.0 * batch},
+                    "speedup_vs_standard": tps / 100,
+                    "comm_share": 0.4,
+                }
             )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
@@ -44,7 +73,11 @@ def test_report_table_and_plots(tmp_path):
     bench = fabricate_bench(tmp_path / "bench.jsonl")
     report = write_report([standard, ladder], tmp_path / "out", [bench])
     text = report.read_text()
-    table = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines() if line.startswith("| ")}
+    table = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in text.splitlines()
+        if line.startswith("| ")
+    }
     # mean of the last five train losses: base + 10 - (6..10) -> base + 2
     assert table["train loss (mean of last 5 logs)"] == ["4.0000", "4.2000", "+5.00 %"]
     assert table["validation loss (final)"] == ["3.0000", "3.2000", "+6.67 %"]
