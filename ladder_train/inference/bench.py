@@ -1,0 +1,359 @@
+"""``ladder-bench``: tokens/s of the standard, parallel and ladder layouts under tensor parallelism.
+
+    ladder-bench --model 1.2B --tp 2 --layouts standard,parallel,ladder --batch-sizes 1,4,16,64
+    torchrun --nproc-per-node 8 -m ladder_train.inference.bench --model 3.5B-32h --out results.jsonl
+
+Without torchrun, ``--tp N`` spawns its N ranks itself (gloo on the CPU, one thread each). For every
+layout and batch size it measures a generation (prefill + decode) with the real all-reduces and again
+with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports medians
+over the measured runs, the speedup over standard, the communication share 1 - t(none)/t(standard) and
+the overlap efficiency (t(standard) - t(layout)) / min(t(standard) - t(none), t(none)) of the decode
+step (DESIGN.md, "Inference benchmark protocol"). ``--link-latency-ms X`` emulates a slow interconnect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..model import RESIDUAL_LAYOUTS, ModelArgs
+from .generate import Generator
+from .tp import TPCommunicator, check_tp_degree, comm_mode_for, load_tp_model, resolve_args
+
+RECORDED_ENV = (
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_NVLS_ENABLE",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ladder-bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="preset name or export folder; several, comma-separated")
+    p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="ModelArgs overrides of a preset")
+    p.add_argument("--layouts", default="standard,parallel,ladder", help="for presets; an export has its own")
+    p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--gen-len", type=int, default=512)
+    p.add_argument("--tp", type=int, default=None, help="TP degree; under torchrun the world size")
+    p.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated extra all-reduce latency")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="auto: on with CUDA")
+    p.add_argument("--no-ceiling", action="store_true", help="skip the comm: none measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="JSON lines results file (appended)")
+    return p.parse_args(argv)
+
+
+def _int_list(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v]
+    except ValueError:
+        raise SystemExit(f"ladder-bench: {flag} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"ladder-bench: {flag} must list positive integers, got {text!r}")
+    return values
+
+
+def _overrides(items: list[str]) -> dict:
+    fields = {f.name: f.type for f in dataclasses.fields(ModelArgs)}
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(
+                f"ladder-bench: --set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}"
+            )
+        out[key] = float(value) if key in ("rope_theta", "norm_eps", "init_std") else int(value)
+    return out
+
+
+def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
+    """(model source, layout) pairs to measure; validates everything before any process starts."""
+    layouts = [v for v in opts.layouts.split(",") if v]
+    bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
+    if bad or not layouts:
+        raise SystemExit(f"ladder-bench: --layouts {opts.layouts!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
+    _int_list("--batch-sizes", opts.batch_sizes)
+    if opts.gen_len < 2 or opts.prompt_len < 1 or opts.runs < 1 or opts.warmup < 0:
+        raise SystemExit("ladder-bench: need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
+    overrides = _overrides(opts.set)
+    pairs = []
+    for source in [m for m in opts.model.split(",") if m]:
+        try:
+            args, kind = resolve_args(source, **(overrides if not _is_export(source) else {}))
+            check_tp_degree(args, tp, source)
+        except ValueError as err:
+            raise SystemExit(f"ladder-bench: {err}") from None
+        if opts.prompt_len + opts.gen_len > args.max_seq_len:
+            raise SystemExit(f"ladder-bench: {source}: --prompt-len + --gen-len exceed max_seq_len={args.max_seq_len}")
+        pairs += [(source, layout) for layout in layouts] if kind == "preset" else [(source, args.residual)]
+    return pairs
+
+
+def _is_export(source: str) -> bool:
+    return os.path.isdir(source)
+
+
+def environment(device: torch.device, tp: int, link_latency_ms: float, compiled: bool, dtype) -> dict:
+    nccl = None
+    if device.type == "cuda":
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "nccl": nccl,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+        "tp": tp,
+        "dtype": str(dtype).removeprefix("torch."),
+        "compiled": compiled,
+        "emulated_link_latency_ms": link_latency_ms,
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_generation(gen: Generator, prompt: torch.Tensor, gen_len: int, group) -> tuple[float, float, float]:
+    """One generation: seconds of prefill, seconds per decode step, total seconds. The cache is released
+    afterwards, so models measured in turn never hold their caches at the same time."""
+    device = prompt.device
+    marks = {}
+
+    def prefill_done():
+        _sync(device)
+        marks["prefill"] = time.perf_counter()
+
+    if group is not None:
+        dist.barrier(group)
+    _sync(device)
+    start = time.perf_counter()
+    gen.generate(prompt, gen_len, on_prefill_done=prefill_done)
+    _sync(device)
+    end = time.perf_counter()
+    gen.release()
+    return marks["prefill"] - start, (end - marks["prefill"]) / (gen_len - 1), end - start  # token 1: prefill
+
+
+def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: int) -> dict:
+    prefill, decode, total = zip(*samples, strict=True)
+    return {
+        "prefill_ms": 1e3 * statistics.median(prefill),
+        "decode_ms_per_token": 1e3 * statistics.median(decode),
+        "tokens_per_s": batch * gen_len / statistics.median(total),
+    }
+
+
+@torch.no_grad()
+def module_times_ms(model, batch: int, pos: int, device, dtype, reps: int = 20) -> dict:
+    """One decode step's compute for the attention and the MLP of layer 0 on this rank (no communication)."""
+    layer = model.layers[0]
+    model.setup_kv_cache(batch, pos + 1)  # attention reads a cache of ``pos`` keys, as in a decode step
+    x = torch.randn(batch, 1, model.args.dim, device=device, dtype=dtype)
+    cos, sin = model.rope_cos[pos : pos + 1], model.rope_sin[pos : pos + 1]
+    out = {}
+    for name, fn in (("attention", lambda: layer.attention(x, cos, sin, pos)), ("mlp", lambda: layer.mlp(x))):
+        samples = []
+        for _ in range(reps + 2):
+            _sync(device)
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+        out[name] = 1e3 * statistics.median(samples[2:])
+    model.clear_kv_cache()
+    return out
+
+
+def derive(rows: list[dict]) -> None:
+    """Speedups against the standard row of the same model shape and batch size, the ceiling, the
+    communication share and the overlap efficiency (decode step), added to each row in place."""
+    standard = {(r["shape"], r["batch"]): r for r in rows if r["layout"] == "standard"}
+    for row in rows:
+        ref = standard.get((row["shape"], row["batch"]))
+        if ref is None:
+            continue
+        t_std, t = ref["decode_ms_per_token"], row["decode_ms_per_token"]
+        row["speedup_vs_standard"] = row["tokens_per_s"] / ref["tokens_per_s"]
+        row["decode_speedup_vs_standard"] = t_std / t
+        if "none" in row and "none" in ref:
+            t_none_std, t_none = ref["none"]["decode_ms_per_token"], row["none"]["decode_ms_per_token"]
+            row["ceiling_decode_speedup_vs_standard"] = t_std / t_none
+            row["comm_share"] = 1 - t_none_std / t_std
+            saveable = min(t_std - t_none_std, t_none_std)
+            if row["layout"] != "standard" and saveable > 0:
+                row["overlap_efficiency"] = (t_std - t) / saveable
+
+
+def print_table(rows: list[dict], env: dict):
+    emulated = env["emulated_link_latency_ms"]
+    print(
+        f"\nladder-bench: {env['device']}, TP={env['tp']}, {env['backend']}, {env['dtype']}, "
+        f"torch {env['torch']}, compiled={env['compiled']}"
+        + (
+            f", EMULATED link latency {emulated} ms per all-reduce (an emulation, not real hardware)"
+            if emulated
+            else ""
+        )
+    )
+    head = (
+        f"{'model':<14}{'layout':<10}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'tok/s':>10}"
+        f"{'speedup':>9}{'no-comm ms/tok':>16}{'ceiling':>9}{'comm share':>12}{'overlap eff':>13}"
+    )
+    print(head + "\n" + "-" * len(head))
+
+    def fmt(value, spec, width):
+        return format(value, f">{width}{spec}") if value is not None else "-".rjust(width)
+
+    for r in rows:
+        none = r.get("none", {})
+        print(
+            f"{r['model'][-14:]:<14}{r['layout']:<10}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms_per_token']:>15.3f}"
+            f"{r['tokens_per_s']:>10.1f}{fmt(r.get('decode_speedup_vs_standard'), '.2f', 8)}x"
+            f"{fmt(none.get('decode_ms_per_token'), '.3f', 16)}{fmt(r.get('ceiling_decode_speedup_vs_standard'), '.2f', 8)}x"
+            f"{fmt(r.get('comm_share'), '.1%', 12)}{fmt(r.get('overlap_efficiency'), '.1%', 13)}"
+        )
+    modules = {r["model"]: r["module_ms"] for r in rows if r["layout"] == "standard" and "module_ms" in r}
+    for model, times in modules.items():
+        print(
+            f"{model}: measured decode compute per module on one rank (layer 0, batch {rows[0]['batch']}): "
+            + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items())
+        )
+    print(
+        "speedup/ceiling: decode ms/tok of standard / of this row; overlap eff = (t_std - t) / min(t_std - t_none, t_none)"
+    )
+
+
+def run_rank(opts: argparse.Namespace):
+    """One TP rank (the whole benchmark when TP = 1). Rank 0 prints and writes the results."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1 if world > 1 else torch.get_num_threads())
+    dtype = torch.bfloat16 if cuda else torch.float32
+    compiled = opts.compile == "on" or (opts.compile == "auto" and cuda)
+    if compiled and opts.link_latency_ms:
+        raise SystemExit("ladder-bench: --link-latency-ms sleeps on the host and needs --compile off")
+    group = None
+    if world > 1:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", rank=rank, world_size=world, device_id=device if cuda else None
+        )
+        group = dist.group.WORLD
+    env = environment(device, world, opts.link_latency_ms, compiled, dtype)
+    overrides = _overrides(opts.set)
+    rows = []
+    try:
+        entries = []  # one sharded model per (source, layout), measured in turn
+        for source, layout in plan(opts, world):
+            preset_overrides = {} if _is_export(source) else {**overrides, "residual": layout}
+            model = load_tp_model(source, rank, world, device, dtype, seed=opts.seed, **preset_overrides)
+            comms = {"real": TPCommunicator(comm_mode_for(layout), group, opts.link_latency_ms) if group else None}
+            if group is not None and not opts.no_ceiling:
+                comms["none"] = TPCommunicator("none", group)
+            entries.append((source, layout, model, Generator(model, group, compile=compiled), comms))
+        for batch in _int_list("--batch-sizes", opts.batch_sizes):
+            torch.manual_seed(opts.seed)
+            prompt = torch.randint(0, entries[0][2].args.vocab_size, (batch, opts.prompt_len), device=device)
+            samples = {}
+            # round robin: every run index measures every layout and comm mode back to back, so slow drifts
+            # of a shared machine hit all of them alike
+            for run in range(opts.warmup + opts.runs):
+                for index, (_, _, model, gen, comms) in enumerate(entries):
+                    for comm_name, comm in comms.items():
+                        if comm is not None:
+                            model.set_communicator(comm)
+                        sample_ = time_generation(gen, prompt, opts.gen_len, group)
+                        if run >= opts.warmup:
+                            samples.setdefault((index, comm_name), []).append(sample_)
+            for index, (source, layout, model, _, comms) in enumerate(entries):
+                row = {"model": source, "shape": _shape(model.args), "layout": layout, "batch": batch}
+                row.update(prompt_len=opts.prompt_len, gen_len=opts.gen_len, runs=opts.runs, warmup=opts.warmup)
+                row.update(summarize(samples[(index, "real")], batch, opts.gen_len))
+                if "none" in comms:
+                    row["none"] = summarize(samples[(index, "none")], batch, opts.gen_len)
+                row["module_ms"] = module_times_ms(model, batch, opts.prompt_len, device, dtype)
+                # every decode step reads all of this rank's weights once (the tied head reads the embedding)
+                weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+                row["weight_bytes_per_rank"] = weight_bytes
+                row["decode_weight_read_gb_s"] = weight_bytes / row["decode_ms_per_token"] / 1e6
+                rows.append({**row, **env})
+        if rank == 0:
+            derive(rows)
+            print_table(rows, env)
+            if opts.out:
+                with open(opts.out, "a") as f:
+                    for row in rows:
+                        f.write(json.dumps(row) + "\n")
+                print(f"results appended to {opts.out}")
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
+
+
+def _shape(args: ModelArgs) -> str:
+    return f"L{args.n_layers}-d{args.dim}-h{args.n_heads}-f{args.ffn_dim}-v{args.vocab_size}"
+
+
+def _spawned_rank(rank: int, opts: argparse.Namespace, world: int, port: int):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ["LOCAL_RANK"] = str(rank)
+    run_rank(opts)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    opts = parse_args(argv)
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("WORLD_SIZE" in os.environ and "RANK" in os.environ)
+    if under_torchrun:
+        world = int(os.environ["WORLD_SIZE"])
+        if opts.tp not in (None, world):
+            raise SystemExit(f"ladder-bench: --tp {opts.tp} differs from the torchrun world size {world}")
+        plan(opts, world)
+        run_rank(opts)
+        return
+    tp = opts.tp or 1
+    plan(opts, tp)  # every bad input fails here, before a process starts
+    if tp == 1:
+        run_rank(opts)
+        return
+    import torch.multiprocessing as mp
+
+    mp.spawn(_spawned_rank, args=(opts, tp, free_port()), nprocs=tp, join=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

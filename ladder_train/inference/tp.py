@@ -1,0 +1,192 @@
+"""Tensor parallelism for inference: shard the one Transformer over TP ranks, and the reduce hook.
+
+Sharding (Megatron style): q, k, v, gate and up are split by output rows (each rank holds whole heads and
+a slice of the MLP hidden units); the attention output and the down projection are split by input
+columns, so each module gives a partial sum per rank. Embeddings and norms are replicated. Each rank
+builds the model on the meta device and materialises only its own shard.
+
+The reduce hook, :class:`TPCommunicator`, turns those partial sums into full sums through functional
+collectives (``torch.ops._c10d_functional.all_reduce`` / ``wait_tensor``). We use them rather than
+``dist.all_reduce(async_op=True)`` work handles because they are the same ops eagerly and under
+``torch.compile``: a traced graph keeps each all-reduce where the module finishes and its wait where the
+output joins the stream, and NCCL collectives inside that graph can be captured by CUDA graphs, while
+Python work handles cannot. Eagerly (the CPU path) they are plain async collectives: the issue returns at
+once, the wait blocks until the sum has arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..model import Communicator, ModelArgs, Transformer, preset_args
+from ..model.hf_format import args_from_hf_config, from_hf_name
+from ..model.presets import PRESETS
+from ..model.transformer import rope_tables
+
+COMM_MODES = ("sync", "async", "none")
+
+# parameter name suffix -> the dimension split across TP ranks (0 = output rows, 1 = input columns)
+SHARD_DIMS = {
+    "attention.wq.weight": 0,
+    "attention.wk.weight": 0,
+    "attention.wv.weight": 0,
+    "mlp.w_gate.weight": 0,
+    "mlp.w_up.weight": 0,
+    "attention.wo.weight": 1,
+    "mlp.w_down.weight": 1,
+}
+
+
+def comm_mode_for(residual: str) -> str:
+    """Standard and parallel add each output at once (sync); the ladder waits one module later (async)."""
+    return "async" if residual == "ladder" else "sync"
+
+
+class TPCommunicator(Communicator):
+    """All-reduces a module's partial output over the TP group.
+
+    ``mode``: ``sync`` reduces in ``reduce`` and returns the full sum; ``async`` issues the all-reduce and
+    returns a pending tensor that ``wait`` completes (the ladder calls ``wait`` one module later); ``none``
+    skips every all-reduce (numerically wrong on purpose: the no-communication ceiling).
+
+    ``link_latency_ms`` emulates a slow interconnect: ``wait`` returns no earlier than issue time + X,
+    sleeping (not spinning, so no CPU core is taken) for whatever part of X the real all-reduce did not
+    already take. It holds the host thread, so it is for eager runs (CPU/gloo), not CUDA graphs.
+    """
+
+    def __init__(self, mode: str, group: dist.ProcessGroup | None = None, link_latency_ms: float = 0.0):
+        if mode not in COMM_MODES:
+            raise ValueError(f"comm mode must be one of {', '.join(COMM_MODES)}, got {mode!r}")
+        self.mode = mode
+        self.group = group or dist.group.WORLD
+        self.link_latency_s = link_latency_ms / 1000.0
+        self._issued_at: dict[int, float] = {}  # id(pending tensor) -> issue time, for the emulated latency
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "none":
+            return x
+        pending = torch.ops._c10d_functional.all_reduce(x, "sum", self.group.group_name)
+        issued_at = time.perf_counter()
+        if self.mode == "sync":
+            return self._complete(pending, issued_at)
+        if self.link_latency_s:
+            self._issued_at[id(pending)] = issued_at
+        return pending
+
+    def wait(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode != "async":  # sync: ``reduce`` already returned the full sum; none: nothing to wait for
+            return x
+        return self._complete(x, self._issued_at.pop(id(x), None))
+
+    def _complete(self, pending: torch.Tensor, issued_at: float | None) -> torch.Tensor:
+        reduced = torch.ops._c10d_functional.wait_tensor(pending)
+        if self.link_latency_s and issued_at is not None:
+            remaining = issued_at + self.link_latency_s - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)
+        return reduced
+
+
+def check_tp_degree(args: ModelArgs, tp: int, source: str = "model"):
+    """Fail before any loading when ``tp`` cannot split the heads, kv heads or MLP hidden units evenly."""
+    for field in ("n_heads", "n_kv_heads", "ffn_dim"):
+        value = getattr(args, field)
+        if value % tp:
+            raise ValueError(f"{source}: tensor-parallel degree {tp} does not divide {field}={value}")
+
+
+def shard_dim(name: str) -> int | None:
+    """The dimension of parameter ``name`` split across TP ranks, or None if it is replicated."""
+    for suffix, dim in SHARD_DIMS.items():
+        if name.endswith(suffix):
+            return dim
+    return None
+
+
+def shard_slice(shape: torch.Size, dim: int, rank: int, tp: int) -> tuple[slice, ...]:
+    size = shape[dim] // tp
+    index = [slice(None)] * len(shape)
+    index[dim] = slice(rank * size, (rank + 1) * size)
+    return tuple(index)
+
+
+def _export_reader(path: Path):
+    """Reads each rank's slice straight from ``model.safetensors``: the full tensors are never loaded."""
+    from safetensors import safe_open
+
+    handle = safe_open(path / "model.safetensors", framework="pt")
+    names = {from_hf_name(k): k for k in handle.keys() if k != "lm_head.weight"}
+
+    def read(name: str, index: tuple[slice, ...] | None) -> torch.Tensor:
+        if name not in names:
+            raise ValueError(f"{path / 'model.safetensors'}: missing parameter {name}")
+        return handle.get_slice(names[name])[index] if index else handle.get_tensor(names[name])
+
+    return read, set(names)
+
+
+def resolve_args(source: str | Path, **overrides) -> tuple[ModelArgs, str]:
+    """The ModelArgs of a preset name (with field overrides) or of an export folder, and its kind.
+
+    Training checkpoints (DCP) are not a source yet: export them first (``ladder-export``); a checkpoint
+    reader belongs here, next to ``_export_reader``, once the checkpoint format exists."""
+    if str(source) in PRESETS:
+        return preset_args(str(source), **overrides), "preset"
+    path = Path(source)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        if overrides:
+            raise ValueError(f"{path}: field overrides apply to presets only, not to exports")
+        return args_from_hf_config(json.loads((path / "config.json").read_text())), "export"
+    raise ValueError(
+        f"{source!r} is neither a model preset ({', '.join(PRESETS)}) nor an export folder "
+        "(config.json + model.safetensors); training checkpoints must be exported first"
+    )
+
+
+@torch.no_grad()
+def load_tp_model(
+    source: str | Path,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    **overrides,
+) -> Transformer:
+    """This rank's shard of a model, from an export folder or a preset with random weights.
+
+    A preset is initialised exactly as ``torch.manual_seed(seed)`` + ``Transformer.init_weights`` would
+    initialise the full model on ``device`` (one full tensor at a time, then sliced), so every TP degree
+    holds the same function. The model is in eval mode, with no communicator installed."""
+    args, kind = resolve_args(source, **overrides)
+    check_tp_degree(args, tp_size, str(source))
+    with torch.device("meta"):
+        model = Transformer(args)
+    if kind == "export":
+        read, available = _export_reader(Path(source))
+        expected = {name for name, _ in model.named_parameters()}
+        if available != expected:
+            raise ValueError(f"{source}: parameters differ from config.json: {sorted(available ^ expected)[:4]}")
+    else:
+        torch.manual_seed(seed)
+    for name, param in list(model.named_parameters()):
+        dim = shard_dim(name)
+        index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
+        if kind == "export":
+            local = read(name, index)
+        else:  # the same RNG draws, in the same order, as init_weights on the full model
+            full = torch.empty(param.shape, device=device)
+            std = model.init_std(name)
+            full = nn.init.ones_(full) if std is None else nn.init.normal_(full, mean=0.0, std=std)
+            local = full[index] if index else full
+        module_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(module_name), attr, nn.Parameter(local.to(device, dtype).contiguous(), False))
+    cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval()
