@@ -57,13 +57,15 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "HuggingFaceFW/fineweb-edu"  # a hub dataset name, or a local parquet/jsonl file or folder
+    # a hub dataset name, a local parquet/jsonl file or folder (train-*/validation-* names pick the split),
+    # or python-stdlib (the running Python's .py files: offline smoke runs)
+    source: str = "HuggingFaceFW/fineweb-edu"
     hub_config: str | None = "sample-10BT"  # the hub dataset's config name (ignored for local files)
     split: str = "train"
-    text_column: str = "text"
-    tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, or a local tokenizer.json path
+    text_column: str = "text"  # the documents' column; input_ids for shards pre-tokenized by data/prepare.py
+    tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, a local tokenizer.json path, or byte (257 tokens)
     seq_len: int = 2048  # tokens per training sequence; windows of seq_len + 1 are cut from the stream
-    num_workers: int = 2  # data loader worker processes (tokenization runs there)
+    num_workers: int = 2  # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
     validation_source: str | None = None  # held-out documents for eval.val_every (its validation split); None = data.source's
 
 

@@ -1,0 +1,77 @@
+"""Pre-tokenize a source into parquet shards of token ids, for clusters that prefer reading prepared data.
+
+    python data/prepare.py --source HuggingFaceFW/fineweb-edu --hub-config sample-10BT \
+        --tokenizer bigcode/starcoder --out /scratch/fineweb-edu-starcoder --docs-per-shard 200000
+
+Writes OUT/{split}-00000.parquet, ... with one column ``input_ids`` (list<int32>: one document's ids, without
+<|endoftext|>, which the loader appends). Train on them with the same tokenizer:
+
+    ladder-train --config recipes/... data.source=OUT data.text_column=input_ids
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from ladder_train.config import ConfigError, DataConfig
+from ladder_train.data import load_tokenizer, open_source
+from ladder_train.data.packing import document_groups
+
+
+def write_shard(out: Path, split: str, index: int, docs: list[list[int]]) -> None:
+    table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))})
+    pq.write_table(table, out / f"{split}-{index:05d}.parquet")
+
+
+def prepare(cfg: DataConfig, split: str, out: Path, docs_per_shard: int) -> int:
+    tokenizer = load_tokenizer(cfg)
+    documents = open_source(cfg.source, split, cfg.text_column, cfg.hub_config)
+    out.mkdir(parents=True, exist_ok=True)
+    shard, pending, tokens = 0, [], 0
+    with tqdm(desc=f"tokenizing {split}", unit=" docs") as progress:
+        for texts in document_groups(iter(documents), cfg.text_column):
+            ids = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
+            pending += ids
+            tokens += sum(map(len, ids))
+            progress.update(len(texts))
+            progress.set_postfix(tokens=f"{tokens / 1e6:.1f}M", shards=shard)
+            while len(pending) >= docs_per_shard:
+                write_shard(out, split, shard, pending[:docs_per_shard])
+                shard, pending = shard + 1, pending[docs_per_shard:]
+    if pending:
+        write_shard(out, split, shard, pending)
+        shard += 1
+    print(f"{split}: {tokens:,} tokens in {shard} shards under {out}")
+    return shard
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--source", default=DataConfig.source)
+    parser.add_argument("--hub-config", default=DataConfig.hub_config)
+    parser.add_argument("--tokenizer", default=DataConfig.tokenizer)
+    parser.add_argument("--text-column", default=DataConfig.text_column)
+    parser.add_argument("--split", nargs="+", default=["train"])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--docs-per-shard", type=int, default=100_000)
+    args = parser.parse_args(argv)
+    cfg = DataConfig(
+        source=args.source, hub_config=args.hub_config, tokenizer=args.tokenizer, text_column=args.text_column
+    )
+    try:
+        for split in args.split:
+            prepare(cfg, split, args.out, args.docs_per_shard)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

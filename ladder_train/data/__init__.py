@@ -1,0 +1,28 @@
+"""Data: the StarCoder tokenizer, streamed documents, packing into windows, the per-rank resumable loader.
+
+tok = load_tokenizer(cfg.data)
+check_vocab(tok, cfg.model.vocab_size)
+loader = build_dataloader(cfg.data, tokenizer=tok, batch_size=micro, dp_rank=r, dp_world_size=w, seed=seed)
+for inputs, labels in loader: ...          # LongTensor (batch, seq_len) each
+state = loader.state_dict(); loader.load_state_dict(state)   # exact resume
+"""
+
+from .loader import PackedDataLoader, build_dataloader
+from .packing import PackedWindows, collate_windows
+from .sources import STDLIB_SOURCE, open_source
+from .tokenizer import BYTE_TOKENIZER, DataError, byte_tokenizer, check_vocab, eos_id, load_tokenizer
+
+__all__ = [
+    "BYTE_TOKENIZER",
+    "STDLIB_SOURCE",
+    "DataError",
+    "PackedDataLoader",
+    "PackedWindows",
+    "build_dataloader",
+    "byte_tokenizer",
+    "check_vocab",
+    "collate_windows",
+    "eos_id",
+    "load_tokenizer",
+    "open_source",
+]

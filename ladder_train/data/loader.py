@@ -1,0 +1,131 @@
+"""The per-rank data loader: a torchdata ``StatefulDataLoader`` over :class:`PackedWindows`.
+
+Each data-parallel rank reads a disjoint part of the documents (``split_dataset_by_node``: whole shards when
+the shard count divides by the world size, else every world_size-th document), and inside a rank each loader
+worker reads its own shards (``datasets`` assigns them). Windows are packed per worker and batches come from
+the workers in turn, so the order is deterministic and ``state_dict()`` / ``load_state_dict()`` resume exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+import torch
+from datasets.distributed import split_dataset_by_node
+from tokenizers import Tokenizer
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from .packing import PackedWindows, collate_windows
+from .sources import open_source
+from .tokenizer import DataError, eos_id
+
+log = logging.getLogger(__name__)
+
+_FINGERPRINT = "ladder_data"  # state_dict key of what the state was saved for
+
+
+class PackedDataLoader(StatefulDataLoader):
+    """A StatefulDataLoader whose state also records what it was built for (source, split, seq_len, rank,
+    world size, workers), so a resume with a different data setup stops with a clear message instead of
+    silently reading other data."""
+
+    def __init__(self, *args, fingerprint: dict[str, Any], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fingerprint = fingerprint
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), _FINGERPRINT: dict(self.fingerprint)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(_FINGERPRINT, None)
+        if saved is not None and saved != self.fingerprint:
+            diff = ", ".join(
+                f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in self.fingerprint.items() if saved.get(k) != v
+            )
+            raise DataError(
+                f"data loader state was saved for another data setup ({diff}); resume with the same data.* and ranks"
+            )
+        super().load_state_dict(state_dict)
+
+    @property
+    def epoch(self) -> int:
+        """Passes over this rank's documents completed so far (the furthest worker's, from the last state)."""
+        return max(_epochs(super().state_dict()), default=0)
+
+
+def _epochs(state: Any):
+    """Every PackedWindows ``epoch`` inside a StatefulDataLoader state (one per worker)."""
+    if isinstance(state, dict):
+        if "epoch" in state and "buffer" in state:
+            yield state["epoch"]
+        for value in state.values():
+            yield from _epochs(value)
+
+
+def _single_threaded_tokenizer(worker_id: int) -> None:
+    # each worker is one tokenizing process; the Rust thread pool would oversubscribe the cores
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def build_dataloader(
+    data_cfg,
+    tokenizer: Tokenizer,
+    batch_size: int,
+    dp_rank: int = 0,
+    dp_world_size: int = 1,
+    seed: int = 0,
+    split: str | None = None,
+    source: str | None = None,
+    num_workers: int | None = None,
+    cycle: bool | None = None,
+) -> PackedDataLoader:
+    """Batches of ``(inputs, labels)``, LongTensor ``(batch_size, data_cfg.seq_len)`` each, for one
+    data-parallel rank.
+
+    The training split (``data_cfg.split``, the default) reads ``data_cfg.source`` and cycles epochs (an
+    endless stream); another split (``"validation"``) reads ``source``, else ``data_cfg.validation_source``,
+    else that split of ``data_cfg.source``, in one pass. ``source`` / ``cycle`` override either.
+    The order is deterministic (files in name order, documents in file order): ``seed`` is recorded in the
+    state so a resume under another seed is refused. Sources are validated here, before workers start.
+    """
+    if not 0 <= dp_rank < dp_world_size:
+        raise DataError(f"data: dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
+    if batch_size <= 0:
+        raise DataError(f"data: batch_size must be positive, got {batch_size}")
+    training = split is None or split == data_cfg.split
+    split = data_cfg.split if split is None else split
+    if source is None:
+        source = data_cfg.source if training else (data_cfg.validation_source or data_cfg.source)
+    num_workers = data_cfg.num_workers if num_workers is None else num_workers
+    cycle = training if cycle is None else cycle
+
+    documents = open_source(str(source), split, data_cfg.text_column, data_cfg.hub_config)
+    documents = split_dataset_by_node(documents, rank=dp_rank, world_size=dp_world_size)
+    if documents.num_shards % dp_world_size:
+        log.info("data: %d shards do not divide over %d ranks: each rank keeps every %d-th document",
+                 documents.num_shards, dp_world_size, dp_world_size)  # fmt: skip
+    windows = PackedWindows(
+        documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), data_cfg.text_column, cycle, str(source)
+    )
+    if num_workers > 0:  # set before the fork: workers inherit it and tokenizers does not warn about the fork
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    fingerprint = dict(
+        source=str(source), split=split, seq_len=data_cfg.seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size,
+        num_workers=num_workers, seed=seed, vocab_size=tokenizer.get_vocab_size(),
+    )  # fmt: skip
+    with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return PackedDataLoader(
+            windows,
+            batch_size=batch_size,
+            collate_fn=collate_windows,
+            num_workers=num_workers,
+            worker_init_fn=_single_threaded_tokenizer if num_workers > 0 else None,
+            pin_memory=torch.cuda.is_available(),
+            drop_last=True,
+            fingerprint=fingerprint,
+        )

@@ -1,0 +1,186 @@
+"""Document sources, all read by ``datasets`` in streaming mode (one code path):
+
+- a hub dataset by name (default ``HuggingFaceFW/fineweb-edu``, config ``sample-10BT``);
+- local ``.parquet`` / ``.jsonl`` / ``.json`` files, or a folder of them (``train-*`` / ``validation-*`` file
+  names select the split, as on the hub);
+- ``python-stdlib``: the running Python's standard library ``.py`` files, one document per file, a corpus
+  every machine has (offline smoke runs; every 20th file is held out as the validation split).
+
+Local files are checked before any worker starts (exists, not empty, UTF-8, has the text column) so a bad
+file gives a one-line error naming it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import sysconfig
+from pathlib import Path
+
+import datasets
+import pyarrow.parquet as pq
+
+from .tokenizer import DataError
+
+log = logging.getLogger(__name__)
+
+STDLIB_SOURCE = "python-stdlib"
+FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # file suffix -> datasets builder
+SPLITS = ("train", "validation", "test")
+_STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "lib2to3"}  # test data holds deliberately odd encodings
+_UTF8_CHUNK = 16 << 20
+
+
+def _check_utf8(path: Path) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_UTF8_CHUNK):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}: not UTF-8 (byte {offset + err.start}: {err.reason})") from None
+            offset += len(chunk)
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 (truncated character at the end)") from None
+
+
+def _check_parquet(path: Path, text_column: str) -> None:
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except Exception as err:
+        raise DataError(f"{path}: not a parquet file ({str(err).splitlines()[0]})") from None
+    schema = meta.schema.to_arrow_schema()
+    if text_column not in schema.names:
+        raise DataError(f"{path}: no '{text_column}' column (data.text_column); columns: {', '.join(schema.names)}")
+    kind = str(schema.field(text_column).type)
+    if kind not in ("string", "large_string") and not kind.startswith(("list<element: int", "list<item: int")):
+        raise DataError(f"{path}: column '{text_column}' holds {kind}, not text (or token ids from data/prepare.py)")
+    if meta.num_rows == 0:
+        raise DataError(f"{path}: empty file (0 rows)")
+
+
+def _check_jsonl(path: Path, text_column: str) -> None:
+    _check_utf8(path)
+    with path.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), None)
+    if first is None:
+        raise DataError(f"{path}: empty file (no records)")
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: first record is not JSON ({err.msg}); expected one JSON object per line") from None
+    if not isinstance(record, dict) or text_column not in record:
+        keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise DataError(f"{path}: no '{text_column}' key (data.text_column) in the first record; keys: {keys}")
+    if not isinstance(record[text_column], str):
+        raise DataError(f"{path}: '{text_column}' holds {type(record[text_column]).__name__}, not text")
+
+
+def check_file(path: Path, text_column: str) -> None:
+    """One local data file, before anything reads it."""
+    if not path.is_file():
+        raise DataError(f"data.source: no such file: {path}")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path}: empty file")
+    if FORMATS.get(path.suffix) == "parquet":
+        _check_parquet(path, text_column)
+    elif FORMATS.get(path.suffix) == "json":
+        _check_jsonl(path, text_column)
+    else:  # plain text, one document per file (the stdlib corpus)
+        _check_utf8(path)
+
+
+def _split_of(path: Path, root: Path) -> str | None:
+    """'train' for train-00000-of-00004.parquet or train/x.parquet; None when the name names no split."""
+    for part in path.relative_to(root).parts:
+        for split in SPLITS:
+            if part == split or part.startswith((f"{split}-", f"{split}_", f"{split}.")):
+                return split
+    return None
+
+
+def local_files(source: str, split: str) -> list[Path]:
+    """The files of a local source for ``split``, sorted (the stream order)."""
+    root = Path(source).expanduser()
+    if root.is_file():
+        if split != "train":
+            raise DataError(f"data.source: {root} is one file with no '{split}' split; set data.validation_source")
+        files = [root]
+    elif root.is_dir():
+        found = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+        files = [p for p in found if p.suffix in FORMATS]
+        if ignored := [p.name for p in found if p.suffix not in FORMATS]:
+            log.warning("data: %s: ignoring %d non-data files: %s", root, len(ignored), ", ".join(ignored[:5]))
+        if not files:
+            raise DataError(f"data.source: {root} holds no {'/'.join(FORMATS)} files")
+        named = {p: _split_of(p, root) for p in files}
+        if any(named.values()):  # the folder names its splits: take the requested one
+            files = [p for p in files if named[p] == split]
+            if not files:
+                present = sorted({s for s in named.values() if s})
+                raise DataError(f"data.source: {root} has no '{split}' files (splits found: {', '.join(present)})")
+        elif split != "train":
+            raise DataError(f"data.source: {root} names no '{split}' split; set data.validation_source")
+    else:
+        raise DataError(f"data.source: no such file or folder: {root}")
+    kinds = {FORMATS[p.suffix] for p in files}
+    if len(kinds) > 1:
+        raise DataError(f"data.source: {root} mixes formats ({', '.join(sorted(kinds))}); use one format per source")
+    return files
+
+
+def stdlib_files(split: str) -> list[Path]:
+    """The standard library's .py files (no test folders): every 20th is the validation split."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if not _STDLIB_SKIP & set(p.relative_to(root).parts))
+    if split == "train":
+        return [p for i, p in enumerate(files) if i % 20 != 19]
+    if split == "validation":
+        return [p for i, p in enumerate(files) if i % 20 == 19]
+    raise DataError(f"data.source: {STDLIB_SOURCE} has splits train and validation, not '{split}'")
+
+
+def is_local(source: str) -> bool:
+    return source == STDLIB_SOURCE or source.startswith((".", "/", "~")) or Path(source).expanduser().exists()
+
+
+def open_source(source: str, split: str, text_column: str, hub_config: str | None = None) -> datasets.IterableDataset:
+    """A streaming ``datasets.IterableDataset`` of the source's documents with the one column ``text_column``.
+    Local files are validated first; every problem is a one-line DataError."""
+    if source == STDLIB_SOURCE:
+        files = stdlib_files(split)
+        for path in files:
+            _check_utf8(path)
+        stdlib = sysconfig.get_paths()["stdlib"]
+        log.warning("data: corpus = %s: %d .py files of %s (split %s), not FineWeb", source, len(files), stdlib, split)
+        docs = datasets.load_dataset(
+            "text", data_files=[str(p) for p in files], sample_by="document", split="train", streaming=True
+        )
+        return docs.rename_column("text", text_column) if text_column != "text" else docs
+    if is_local(source):
+        files = local_files(source, split)
+        for path in files:
+            check_file(path, text_column)
+        log.warning("data: corpus = local %s: %d %s files (split %s)", source, len(files), files[0].suffix, split)
+        docs = datasets.load_dataset(
+            FORMATS[files[0].suffix], data_files=[str(p) for p in files], split="train", streaming=True
+        )
+        return docs.select_columns([text_column])
+    try:
+        docs = datasets.load_dataset(source, hub_config, split=split, streaming=True)
+    except Exception as err:  # offline, unknown name, unknown config or split
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataError(
+            f"data.source: could not open '{source}' (config {hub_config}, split {split}) locally or on the hub "
+            f"({type(err).__name__}: {reason})"
+        ) from None
+    if docs.column_names is not None and text_column not in docs.column_names:
+        raise DataError(
+            f"data.source: '{source}' has no '{text_column}' column; columns: {', '.join(docs.column_names)}"
+        )
+    log.warning("data: corpus = hub %s (config %s, split %s, %d shards)", source, hub_config, split, docs.num_shards)
+    return docs.select_columns([text_column])

@@ -1,0 +1,113 @@
+"""The tokenizer: StarCoder's byte-level BPE (``bigcode/starcoder``) from the hub or a local ``tokenizer.json``,
+or ``byte``, a 257-token byte-level tokenizer built in memory for offline smoke runs.
+
+Every tokenizer here has ``<|endoftext|>``: it is appended after each document (id 0 for StarCoder and ``byte``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+from ..config import ConfigError
+
+log = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+BYTE_TOKENIZER = "byte"  # data.tokenizer value of the built-in byte-level tokenizer (needs no download)
+
+
+class DataError(ConfigError):
+    """A data source or tokenizer that cannot be used; the message is one line naming the file or key."""
+
+
+def _byte_to_char() -> list[str]:
+    """The byte -> printable character table of byte-level BPE (the alphabet ``ByteLevel`` pre-tokenizes into):
+    printable Latin-1 bytes stand for themselves, the others are moved to code points from 256 on."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    chars, shifted = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + shifted))
+            shifted += 1
+    return chars
+
+
+def byte_tokenizer() -> Tokenizer:
+    """``<|endoftext|>`` = 0, then byte b = b + 1: a vocabulary of 257 that any machine can build."""
+    vocab = {EOS_TOKEN: 0} | {char: byte + 1 for byte, char in enumerate(_byte_to_char())}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(EOS_TOKEN, special=True)])
+    return tokenizer
+
+
+def _from_file(path: Path) -> Tokenizer:
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"data.tokenizer: no such file: {path}")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust parser's message names the JSON position
+        raise DataError(
+            f"data.tokenizer: {path} is not a tokenizers tokenizer.json ({str(err).splitlines()[0]})"
+        ) from None
+
+
+def _from_hub(name: str) -> Tokenizer:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        path = hf_hub_download(name, "tokenizer.json")
+    except Exception as err:  # offline, gated (bigcode/starcoder needs an accepted license + HF_TOKEN), or unknown
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise DataError(
+            f"data.tokenizer: could not download '{name}' tokenizer.json from the hub ({type(err).__name__}: {reason}); "
+            f"offline, pass a local file (data.tokenizer=path/to/tokenizer.json) or data.tokenizer={BYTE_TOKENIZER}"
+        ) from None
+    return _from_file(Path(path))
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.endswith(".json") or Path(name).exists()
+
+
+def load_tokenizer(data_cfg) -> Tokenizer:
+    """The tokenizer named by ``data_cfg.tokenizer``: ``byte``, a local ``tokenizer.json`` (or a folder holding
+    one), or a hub name. Logs which one was used. Raises DataError (one line) if it cannot be had."""
+    name = str(data_cfg.tokenizer)
+    if name == BYTE_TOKENIZER:
+        tokenizer = byte_tokenizer()
+        log.warning("data: tokenizer = built-in byte-level tokenizer (257 tokens, <|endoftext|> = 0), not StarCoder")
+    elif _looks_like_path(name):
+        tokenizer = _from_file(Path(name).expanduser())
+        log.warning("data: tokenizer = local file %s (%d tokens)", name, tokenizer.get_vocab_size())
+    else:
+        tokenizer = _from_hub(name)
+        log.warning("data: tokenizer = hub %s (%d tokens)", name, tokenizer.get_vocab_size())
+    eos_id(tokenizer, where=name)  # fail now, not in a worker
+    return tokenizer
+
+
+def eos_id(tokenizer: Tokenizer, where: str = "data.tokenizer") -> int:
+    """The id of ``<|endoftext|>``, the document separator."""
+    token_id = tokenizer.token_to_id(EOS_TOKEN)
+    if token_id is None:
+        raise DataError(f"{where}: the tokenizer has no {EOS_TOKEN} token to separate documents")
+    return token_id
+
+
+def check_vocab(tokenizer: Tokenizer, model_vocab_size: int, where: str = "model.vocab_size") -> None:
+    """Stop before training when the model's embedding table and the tokenizer disagree."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size != model_vocab_size:
+        raise DataError(
+            f"{where}: the model's vocabulary is {model_vocab_size} but the tokenizer has {size} tokens; "
+            f"set model.vocab_size={size} or use the matching tokenizer"
+        )

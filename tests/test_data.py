@@ -1,0 +1,309 @@
+"""The data pipeline: token ids equal the tokenizer's, packing into seq_len + 1 windows separated by
+<|endoftext|>, disjoint per-rank streams, exact resume (0 and 2 workers, across epochs), the offline smoke
+corpus, and one-line errors for bad input."""
+
+import json
+import subprocess
+import sys
+from itertools import islice
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+
+from ladder_train.config import DataConfig
+from ladder_train.data import DataError, build_dataloader, byte_tokenizer, check_vocab, load_tokenizer
+from ladder_train.data.sources import local_files
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def starcoder(shared: Path) -> Tokenizer:
+    return load_tokenizer(DataConfig(tokenizer=str(shared / "tokenizers/starcoder/tokenizer.json")))
+
+
+def fineweb_texts(shared: Path, n: int, shard: int = 0) -> list[str]:
+    table = pq.read_table(shared / f"data/fineweb/train-0000{shard}-of-00004.parquet", columns=["text"])
+    return table.column("text").to_pylist()[:n]
+
+
+def write_parquet(path: Path, texts: list[str]) -> Path:
+    pq.write_table(pa.table({"id": [str(i) for i in range(len(texts))], "text": texts}), path)
+    return path
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def stream_of(loader) -> torch.Tensor:
+    """All windows of a one-pass loader, in order, as one token stream; checks the (inputs, labels) shift."""
+    windows = []
+    for inputs, labels in loader:
+        assert inputs.dtype == torch.long and inputs.shape == labels.shape
+        assert torch.equal(inputs[:, 1:], labels[:, :-1])
+        windows.append(torch.cat([inputs, labels[:, -1:]], dim=1))
+    return torch.cat(windows).flatten()
+
+
+def documents_in(stream: torch.Tensor) -> list[tuple[int, ...]]:
+    """The complete documents of a stream: the runs ending in <|endoftext|> (0)."""
+    ends = (stream == 0).nonzero().flatten().tolist()
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    return [tuple(stream[s:e].tolist()) for s, e in zip(starts, ends, strict=True)]
+
+
+# -- tokenizer -------------------------------------------------------------------------------------------
+
+
+def test_byte_tokenizer_is_bytes_plus_one():
+    tok = byte_tokenizer()
+    assert set(pre_tokenizers.ByteLevel.alphabet()) == {t for t in tok.get_vocab() if t != "<|endoftext|>"}
+    text = "déf f():\n\treturn 'ü' \x00 \xff"
+    assert tok.encode(text).ids == [b + 1 for b in text.encode()]
+    assert tok.encode("a<|endoftext|>").ids == [ord("a") + 1, 0]  # the special token is matched, not spelt
+    assert tok.get_vocab_size() == 257
+    assert tok.decode(tok.encode("déf f():\n").ids) == "déf f():\n"
+
+
+def test_starcoder_ids_and_vocab(shared_dir):
+    tok = starcoder(shared_dir)
+    assert tok.encode("def hello(): print(1)").ids == [589, 17964, 2262, 1459, 26, 35, 27]  # shared/README.md
+    check_vocab(tok, 49152)
+    with pytest.raises(
+        DataError,
+        match=r"^model.vocab_size: the model's vocabulary is 50000 but the tokenizer has 49152 tokens; set model.vocab_size=49152",
+    ):
+        check_vocab(tok, 50000)
+
+
+# -- packing ---------------------------------------------------------------------------------------------
+
+
+def test_windows_are_the_tokenizers_ids_joined_by_eos(shared_dir, tmp_path):
+    tok = starcoder(shared_dir)
+    texts = fineweb_texts(shared_dir, 12)
+    source = write_parquet(tmp_path / "docs.parquet", texts)
+    cfg = DataConfig(source=str(source), seq_len=100)
+    stream = stream_of(build_dataloader(cfg, tok, batch_size=3, num_workers=0, cycle=False))
+    expected = [i for t in texts for i in tok.encode(t).ids + [0]]
+    whole = len(expected) // (101 * 3) * (101 * 3)  # full batches of full windows; the tail is dropped
+    assert len(stream) == whole > 0
+    assert stream.tolist() == expected[:whole]
+    assert documents_in(stream)[:3] == [tuple(tok.encode(t).ids) for t in texts[:3]]
+
+
+def test_two_ranks_read_disjoint_documents_that_cover_the_source(shared_dir, tmp_path):
+    tok = starcoder(shared_dir)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    all_docs = set()
+    for shard in range(4):  # 4 files: whole shards per rank; then 3 files: every other document per rank
+        texts = fineweb_texts(shared_dir, 10, shard)
+        write_parquet(folder / f"train-{shard:05d}-of-00004.parquet", texts)
+        all_docs |= {tuple(tok.encode(t).ids) for t in texts}
+    for n_files in (4, 3):
+        if n_files == 3:
+            gone = folder / "train-00003-of-00004.parquet"
+            all_docs -= {tuple(tok.encode(t).ids) for t in pq.read_table(gone).column("text").to_pylist()}
+            gone.unlink()
+        cfg = DataConfig(source=str(folder), seq_len=64)
+        docs = [
+            documents_in(
+                stream_of(
+                    build_dataloader(cfg, tok, batch_size=2, dp_rank=r, dp_world_size=2, num_workers=0, cycle=False)
+                )
+            )
+            for r in range(2)
+        ]
+        assert len(set(docs[0])) == len(docs[0]) and len(set(docs[1])) == len(docs[1])  # no document twice
+        assert not set(docs[0]) & set(docs[1])
+        assert set(docs[0]) | set(docs[1]) <= all_docs
+        assert len(all_docs) - len(docs[0]) - len(docs[1]) <= 2  # only each rank's cut-off last document is missing
+        assert abs(len(docs[0]) - len(docs[1])) <= 3
+
+
+def test_validation_split_reads_only_validation_files(shared_dir):
+    folder = shared_dir / "data/fineweb"
+    assert [p.name for p in local_files(str(folder), "validation")] == ["validation-00000-of-00001.parquet"]
+    assert [p.name for p in local_files(str(folder), "train")] == [f"train-0000{i}-of-00004.parquet" for i in range(4)]
+
+
+# -- resume ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_after_k_batches_is_bit_identical(shared_dir, workers):
+    tok = starcoder(shared_dir)
+    cfg = DataConfig(source=str(shared_dir / "data/fineweb"), seq_len=64)
+    k, more = 5, 6
+    loader = build_dataloader(cfg, tok, batch_size=2, dp_rank=1, dp_world_size=2, num_workers=workers)
+    batches = iter(loader)
+    for _ in range(k):
+        next(batches)
+    state = loader.state_dict()
+    expected = [next(batches) for _ in range(more)]
+
+    resumed = build_dataloader(cfg, tok, batch_size=2, dp_rank=1, dp_world_size=2, num_workers=workers)
+    resumed.load_state_dict(state)
+    got = list(islice(resumed, more))
+    for (x, y), (x2, y2) in zip(expected, got, strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+    fresh = next(iter(build_dataloader(cfg, tok, batch_size=2, dp_rank=1, dp_world_size=2, num_workers=workers)))
+    assert not torch.equal(fresh[0], got[0][0])  # the resumed loader did not start over
+
+    other = build_dataloader(DataConfig(source=cfg.source, seq_len=32), tok, batch_size=2, dp_rank=1, dp_world_size=2)
+    with pytest.raises(
+        DataError, match=r"^data loader state was saved for another data setup \(seq_len: saved 64, now 32"
+    ):
+        other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp_path, workers):
+    tok = byte_tokenizer()
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    texts = [f"document {i}: " + "abc" * (i + 3) for i in range(6)]
+    write_jsonl(folder / "a.jsonl", texts[:3])
+    write_jsonl(folder / "b.jsonl", texts[3:])
+    cfg = DataConfig(source=str(folder), tokenizer="byte", seq_len=15)
+    loader = build_dataloader(cfg, tok, batch_size=2, num_workers=workers)
+    batches = list(islice(loader, 30))  # 30 x 2 x 16 tokens: several passes over ~150 tokens
+    assert loader.epoch >= 2
+
+    if workers == 0:  # one reader: every pass is the whole corpus, the buffer carried over epoch boundaries
+        files = [[tuple(tok.encode(t).ids) for t in texts[:3]], [tuple(tok.encode(t).ids) for t in texts[3:]]]
+        stream = torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in batches]).flatten()
+        docs = documents_in(stream)
+        assert len(docs) >= 6 * 4
+        for epoch in range(len(docs) // 6):  # datasets re-orders the files each epoch (seeded by the epoch)
+            assert docs[6 * epoch : 6 * epoch + 6] in (files[0] + files[1], files[1] + files[0])
+
+    for k in (4, 9, 17):  # states inside the first, second and a later epoch
+        loader = build_dataloader(cfg, tok, batch_size=2, num_workers=workers)
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = loader.state_dict()
+        resumed = build_dataloader(cfg, tok, batch_size=2, num_workers=workers)
+        resumed.load_state_dict(state)
+        for (x, y), (x2, y2) in zip(batches[k : k + 8], islice(resumed, 8), strict=True):
+            assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+# -- the offline smoke corpus ----------------------------------------------------------------------------
+
+
+def test_smoke_recipe_runs_with_no_network():
+    code = f"""
+import socket
+local_connect = socket.socket.connect
+def refuse_internet(sock, address):  # local (unix) sockets stay: worker processes pass tensors through them
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        raise OSError("network disabled in this test")
+    return local_connect(sock, address)
+socket.socket.connect = refuse_internet
+from ladder_train.config import load_config
+from ladder_train.data import build_dataloader, check_vocab, load_tokenizer
+cfg = load_config({str(REPO / "recipes/smoke.yaml")!r})
+tok = load_tokenizer(cfg.data)
+check_vocab(tok, cfg.model.vocab_size)
+for split in ("train", "validation"):
+    x, y = next(iter(build_dataloader(cfg.data, tok, batch_size=4, split=split, num_workers=1)))
+    assert x.shape == (4, cfg.data.seq_len) and int(x.max()) < 257, x.shape
+    print(split, "ok", tok.decode(x[0, :40].tolist()).splitlines()[0][:20])
+"""
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HOME": str(Path.home())}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "train ok" in done.stdout and "validation ok" in done.stdout
+    assert "tokenizer = built-in byte-level tokenizer" in done.stderr and "corpus = python-stdlib" in done.stderr
+
+
+# -- bad input: one line naming the file or key ----------------------------------------------------------
+
+
+def one_line_error(cfg: DataConfig, tok=None) -> str:
+    with pytest.raises(DataError) as err:
+        build_dataloader(cfg, tok or byte_tokenizer(), batch_size=2, num_workers=2)
+    message = str(err.value)
+    assert "\n" not in message and "Traceback" not in message
+    return message
+
+
+def test_missing_path(tmp_path):
+    missing = tmp_path / "nowhere" / "docs.parquet"
+    assert one_line_error(DataConfig(source=str(missing))) == f"data.source: no such file or folder: {missing}"
+    with pytest.raises(DataError, match=r"^data.tokenizer: no such file: .*/nothing.json$"):
+        load_tokenizer(DataConfig(tokenizer=str(tmp_path / "nothing.json")))
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.parquet"])
+def test_empty_file(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"")
+    assert one_line_error(DataConfig(source=str(path))) == f"{path}: empty file"
+    if name.endswith(".parquet"):  # a valid parquet file with no rows
+        pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+        assert one_line_error(DataConfig(source=str(path))) == f"{path}: empty file (0 rows)"
+    else:  # blank lines only
+        path.write_text("\n\n")
+        assert one_line_error(DataConfig(source=str(path))) == f"{path}: empty file (no records)"
+
+
+def test_no_text_column(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    write_parquet(folder / "train-0.parquet", ["fine"])
+    pq.write_table(pa.table({"id": ["1"], "content": ["x"]}), folder / "train-1.parquet")
+    message = one_line_error(DataConfig(source=str(folder)))
+    assert message == f"{folder / 'train-1.parquet'}: no 'text' column (data.text_column); columns: id, content"
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text('{"body": "x"}\n')
+    assert (
+        one_line_error(DataConfig(source=str(jsonl)))
+        == f"{jsonl}: no 'text' key (data.text_column) in the first record; keys: body"
+    )
+
+
+def test_non_utf8_file(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good, bad = b'{"text": "ok"}\n', '{"text": "café"}\n'.encode("latin-1")
+    path.write_bytes(good + bad)
+    at = len(good) + bad.index(b"\xe9")  # the Latin-1 é
+    assert one_line_error(DataConfig(source=str(path))) == f"{path}: not UTF-8 (byte {at}: invalid continuation byte)"
+    fake = tmp_path / "text.parquet"
+    fake.write_bytes("not parquet: é".encode("latin-1"))
+    assert one_line_error(DataConfig(source=str(fake))).startswith(f"{fake}: not a parquet file (")
+
+
+def test_vocab_mismatch_names_the_key():
+    with pytest.raises(
+        DataError, match=r"^model.vocab_size: the model's vocabulary is 49152 but the tokenizer has 257 tokens"
+    ):
+        check_vocab(byte_tokenizer(), 49152, "model.vocab_size")
+
+
+def test_prepared_shards_give_the_same_windows(shared_dir, tmp_path):
+    (tmp_path / "docs").mkdir()
+    source = write_parquet(tmp_path / "docs" / "train-0.parquet", fineweb_texts(shared_dir, 8))
+    tokenizer = str(shared_dir / "tokenizers/starcoder/tokenizer.json")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "data/prepare.py"), "--source", str(source.parent), "--tokenizer", tokenizer,
+         "--out", str(tmp_path / "prepared"), "--docs-per-shard", "3"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == [f"train-0000{i}.parquet" for i in range(3)]
+    tok = starcoder(shared_dir)
+    on_the_fly = stream_of(
+        build_dataloader(DataConfig(source=str(source), seq_len=50), tok, 2, num_workers=0, cycle=False)
+    )
+    prepared_cfg = DataConfig(source=str(tmp_path / "prepared"), text_column="input_ids", seq_len=50)
+    prepared = stream_of(build_dataloader(prepared_cfg, tok, 2, num_workers=0, cycle=False))
+    assert torch.equal(on_the_fly, prepared)
