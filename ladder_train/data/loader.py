@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import warnings
 from typing import Any
 
@@ -66,9 +67,13 @@ def _epochs(state: Any):
             yield from _epochs(value)
 
 
-def _single_threaded_tokenizer(worker_id: int) -> None:
+def _init_worker(worker_id: int) -> None:
     # each worker is one tokenizing process; the Rust thread pool would oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # preemption signals (Slurm, torchrun) reach the whole process group: the trainer handles them and
+    # still needs its workers for the step it finishes before saving, so workers ignore them
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def build_dataloader(
@@ -124,7 +129,7 @@ def build_dataloader(
             batch_size=batch_size,
             collate_fn=collate_windows,
             num_workers=num_workers,
-            worker_init_fn=_single_threaded_tokenizer if num_workers > 0 else None,
+            worker_init_fn=_init_worker if num_workers > 0 else None,
             pin_memory=torch.cuda.is_available(),
             drop_last=True,
             fingerprint=fingerprint,
