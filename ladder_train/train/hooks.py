@@ -64,6 +64,10 @@ def evaluate_checkpoint(trainer, logger) -> dict | None:
     """Run the configured lm-eval tasks on the current weights: in this job (rank 0, the others wait), or
     as a separate Slurm job on an export of the newest checkpoint (``eval.mode=slurm``)."""
     cfg = trainer.cfg
+    if trainer.tokenizer is None:  # batches given by the caller: no tokenizer to score eval text with
+        if trainer.env.is_main:
+            print("note: eval skipped: the trainer was given its batches, so it has no tokenizer", flush=True)
+        return None
     out_path = trainer.run_dir / "eval" / f"step-{trainer.step}.json"
     if cfg.eval.mode == "slurm":
         if trainer.env.is_main:
