@@ -66,7 +66,9 @@ class DataConfig:
     tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, a local tokenizer.json path, or byte (257 tokens)
     seq_len: int = 2048  # tokens per training sequence; windows of seq_len + 1 are cut from the stream
     num_workers: int = 2  # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
-    validation_source: str | None = None  # held-out documents for eval.val_every (its validation split); None = data.source's
+    validation_source: str | None = (
+        None  # held-out documents for eval.val_every (its validation split); None = data.source's
+    )
 
 
 @dataclass
@@ -241,15 +243,21 @@ def _check_values(cfg: Config) -> None:
     if m.dim % m.n_heads:
         raise ConfigError(f"key 'model.n_heads'={m.n_heads} does not divide model.dim={m.dim}")
     if (m.dim // m.n_heads) % 2:
-        raise ConfigError(f"head dim model.dim / model.n_heads = {m.dim // m.n_heads} must be even for rotary embeddings")
+        raise ConfigError(
+            f"head dim model.dim / model.n_heads = {m.dim // m.n_heads} must be even for rotary embeddings"
+        )
     kv_heads = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
     if kv_heads <= 0 or m.n_heads % kv_heads:
-        raise ConfigError(f"key 'model.n_kv_heads'={m.n_kv_heads} must be positive and divide model.n_heads={m.n_heads}")
+        raise ConfigError(
+            f"key 'model.n_kv_heads'={m.n_kv_heads} must be positive and divide model.n_heads={m.n_heads}"
+        )
     if m.ladder_layers is not None:
         if m.residual != "ladder":
             raise ConfigError(f"key 'model.ladder_layers' is set but model.residual is {m.residual!r}, not 'ladder'")
         if not 0 <= m.ladder_layers <= m.n_layers:
-            raise ConfigError(f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]")
+            raise ConfigError(
+                f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]"
+            )
     if cfg.data.seq_len > m.max_seq_len:
         raise ConfigError(f"key 'data.seq_len'={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
     t = cfg.train

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for layout in LAYOUTS:
         run_dir = args.out / layout
+        if run_dir.exists():  # a fresh demo each time, not an auto-resume of the last one
+            shutil.rmtree(run_dir)
         cmd = [python, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml")]
         cmd += [
             f"run.name=demo_{layout}",

@@ -1,6 +1,7 @@
 """Checkpoints: exact resume after SIGKILL, reshard 4 -> 2 -> 1 processes, SIGTERM preemption, torn
 folders, shape mismatches, and the Hugging Face export."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -69,6 +70,19 @@ def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (Linux /proc)."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children = [int(c) for c in (task / "children").read_text().split()]
+                found += children
+                frontier += children
+    return found
+
+
 def test_sigkill_then_resume_reproduces_every_loss(tmp_path):
     reference = tmp_path / "reference"
     proc = torchrun(reference, 2)
@@ -77,7 +91,11 @@ def test_sigkill_then_resume_reproduces_every_loss(tmp_path):
     killed = tmp_path / "killed"
     proc = torchrun(killed, 2)
     wait_for_step(killed, 6, proc)  # past the step-4 checkpoint, before step 8's
-    os.killpg(proc.pid, signal.SIGKILL)
+    # torchrun starts each rank in a session of its own: kill the agent, the ranks and their data
+    # workers at once, as a node failure would
+    for pid in [proc.pid, *descendants(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait()
     saved = sorted(p.name for p in (killed / "checkpoints").iterdir())
     assert "step-4" in saved and "step-12" not in saved

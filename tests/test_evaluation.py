@@ -78,6 +78,29 @@ def test_is_greedy_matches_the_argmax(tokenizer):
     assert [is_greedy for _, is_greedy in answers] == [True, False]
 
 
+def test_continuation_longer_than_the_window_is_scored_in_pieces(tokenizer):
+    model = tiny_model()
+    window = 16
+    lm = LadderLM(model, tokenizer, batch_size=2, max_length=window)
+    context = tokenizer.encode("Question:").ids
+    continuation = tokenizer.encode(TEXT).ids  # more than two windows long
+    assert len(continuation) > 2 * window
+    ids = context + continuation
+    # every continuation token read after at most `window` tokens: the pieces start at 0, 16, 32, ...
+    expected, greedy = 0.0, True
+    for start in range(0, len(continuation), window):
+        end = len(context) + min(start + window, len(continuation))
+        piece = ids[max(0, end - window - 1) : end]
+        n_new = end - len(context) - start
+        expected += token_logprobs(model, piece)[-n_new:].sum().item()
+    ((logprob, is_greedy),) = lm._loglikelihood_tokens([(None, context, continuation)])
+    assert logprob == pytest.approx(expected, abs=1e-3)
+    assert is_greedy is False  # a random model does not recite the text
+    # a continuation that fits is unaffected by the splitting
+    ((short, _),) = lm._loglikelihood_tokens([(None, context, continuation[:5])])
+    assert short == pytest.approx(token_logprobs(model, ids[: len(context) + 5])[-5:].sum().item(), abs=1e-4)
+
+
 def test_rolling_loglikelihood_matches_the_documented_windows(tokenizer):
     model = tiny_model()
     window = 16

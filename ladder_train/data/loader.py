@@ -52,6 +52,13 @@ class PackedDataLoader(StatefulDataLoader):
             )
         super().load_state_dict(state_dict)
 
+    def close(self) -> None:
+        """Stop the worker processes now (not at garbage collection, which an exception can delay to exit)."""
+        iterator = getattr(self, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+        self._iterator = None
+
     @property
     def epoch(self) -> int:
         """Passes over this rank's documents completed so far (the furthest worker's, from the last state)."""
@@ -71,9 +78,18 @@ def _init_worker(worker_id: int) -> None:
     # each worker is one tokenizing process; the Rust thread pool would oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     # preemption signals (Slurm, torchrun) reach the whole process group: the trainer handles them and
-    # still needs its workers for the step it finishes before saving, so workers ignore them
+    # still needs its workers for the step it finishes before saving, so a worker outlives them by a grace
+    # period (ignoring them outright would also ignore the parent's terminate() at exit, and hang it)
     for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, _exit_after_grace)
+
+
+WORKER_GRACE_S = 30
+
+
+def _exit_after_grace(signum, frame) -> None:
+    if signal.getitimer(signal.ITIMER_REAL)[0] == 0.0:
+        signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker
 
 
 def build_dataloader(

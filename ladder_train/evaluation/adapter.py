@@ -107,30 +107,44 @@ class LadderLM(TemplateLM):
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """``requests``: ((context, continuation), context_tokens, continuation_tokens). The model reads the
-        last ``max_length`` tokens of context + continuation (minus the final one) and scores the continuation."""
-        for _, _, continuation in requests:
-            if not 1 <= len(continuation) <= self.max_length:
-                raise ValueError(
-                    f"a continuation of {len(continuation)} tokens cannot be scored with max_length={self.max_length}"
-                )
+        last ``max_length`` tokens of context + continuation (minus the final one) and scores the continuation.
+        A continuation longer than ``max_length`` is scored in consecutive pieces of ``max_length`` tokens,
+        each read after everything before it (truncated on the left to the context window): the summed
+        log-probability covers every continuation token, and it is greedy only if every piece is."""
+        pieces, owners = [], []
+        for index, (_, context, continuation) in enumerate(requests):
+            if not continuation:
+                raise ValueError("an empty continuation cannot be scored")
+            for start in range(0, len(continuation), self.max_length):
+                pieces.append((context + continuation[:start], continuation[start : start + self.max_length]))
+                owners.append(index)
+        scores = self._score_pieces(pieces, disable_tqdm)
+        totals = [[0.0, True] for _ in requests]
+        for owner, (logprob, is_greedy) in zip(owners, scores, strict=True):
+            totals[owner][0] += logprob
+            totals[owner][1] = totals[owner][1] and is_greedy
+        results = [(total, greedy) for total, greedy in totals]
+        for (request, _, _), answer in zip(requests, results, strict=True):
+            if request is not None:
+                self.cache_hook.add_partial("loglikelihood", request, answer)
+        return results
+
+    def _score_pieces(self, pieces: list[tuple[list[int], list[int]]], disable_tqdm: bool) -> list[tuple[float, bool]]:
+        """(log-probability, greedy) of each (context, continuation) whose continuation fits the window."""
         # longest first: similar lengths share a batch, and an out-of-memory shows up at once
-        collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
+        collator = Collator(pieces, sort_fn=lambda r: (-len(r[0] + r[1]), tuple(r[0] + r[1])))
         results = []
-        progress = tqdm(total=len(requests), disable=disable_tqdm, desc="loglikelihood")
+        progress = tqdm(total=len(pieces), disable=disable_tqdm, desc="loglikelihood")
         for chunk in collator.get_batched(n=self.batch_size):
-            inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for _, ctx, cont in chunk]
+            inputs = [(ctx + cont)[-(self.max_length + 1) :][:-1] for ctx, cont in chunk]
             logprobs = self._logprobs(inputs)
-            for row, (request, _, cont) in enumerate(chunk):
+            for row, (_, cont) in enumerate(chunk):
                 # the continuation's tokens are predicted by the last len(cont) input positions
                 end = len(inputs[row])
                 cont_logprobs = logprobs[row, end - len(cont) : end]
                 targets = torch.tensor(cont, dtype=torch.long, device=cont_logprobs.device)
                 total = cont_logprobs.gather(-1, targets[:, None]).sum().item()
-                is_greedy = bool((cont_logprobs.argmax(-1) == targets).all())
-                answer = (total, is_greedy)
-                results.append(answer)
-                if request is not None:
-                    self.cache_hook.add_partial("loglikelihood", request, answer)
+                results.append((total, bool((cont_logprobs.argmax(-1) == targets).all())))
                 progress.update(1)
         progress.close()
         return collator.get_original(results)

@@ -280,7 +280,9 @@ class Transformer(nn.Module):
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         else:
             if start_pos + seq_len > self.args.max_seq_len:
-                raise ValueError(f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}")
+                raise ValueError(
+                    f"sequence of {start_pos + seq_len} tokens exceeds max_seq_len={self.args.max_seq_len}"
+                )
             cos = self.rope_cos[start_pos : start_pos + seq_len]
             sin = self.rope_sin[start_pos : start_pos + seq_len]
         r = self.tok_embeddings(input_ids)

@@ -328,6 +328,9 @@ class Trainer:
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            if hasattr(self.loader, "close"):  # workers stop now, also after an exception (train() runs once)
+                self.loader.close()
+            self._batches = None
             logger.close()
         return history
 
