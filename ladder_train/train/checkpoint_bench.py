@@ -1,0 +1,113 @@
+"""Checkpoint benchmark: how long training stalls per save (sync and async), and save / load time by size.
+
+    python -m ladder_train.train.checkpoint_bench [--steps 30] [--every 10] [--dims 256,512,1024] [key=value ...]
+
+Part 1 trains the same model on the same in-memory batches three times: checkpoints only at the end,
+every ``--every`` steps written synchronously, and every ``--every`` steps with ``checkpoint.async_save``.
+The stall per save is the wall time of the step interval that contains a save minus the median of the
+others (the trainer logs every step, so each interval is one step plus whatever followed it).
+Part 2 saves and loads a model + AdamW state of each width with the trainer's ``Checkpointer`` (DCP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import Checkpointer
+from ..config import load_config, model_args
+from ..model import Transformer
+from ..parallel import init_distributed
+from .bench import DEFAULTS, make_batches
+from .optim import build_optimizer
+from .trainer import Trainer
+
+
+def step_walls(cfg, batches: list, env, steps: int, every: int, async_save: bool, run_dir: Path) -> tuple[float, list]:
+    """(total seconds of ``train()``, wall seconds of every step interval) for one checkpoint setting."""
+    cfg.run.dir = str(run_dir)
+    cfg.train.max_steps, cfg.train.log_every = steps, 1
+    cfg.checkpoint.every, cfg.checkpoint.async_save, cfg.checkpoint.keep = every, async_save, 1
+    trainer = Trainer(cfg, env, batches=itertools.cycle(batches))
+    start = time.perf_counter()
+    history = trainer.train()
+    total = time.perf_counter() - start
+    tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
+    return total, [tokens_per_step / r["tokens_per_s"] for r in history]
+
+
+def stall_per_save(walls: list[float], every: int) -> float:
+    """Median extra seconds of the intervals that hold a save (the step after each save, 0-based index k*every)."""
+    after_save = [walls[i] for i in range(every, len(walls), every)]
+    others = [w for i, w in enumerate(walls) if i % every and i > 0]
+    return statistics.median(after_save) - statistics.median(others)
+
+
+def save_load_times(dim: int, env, folder: Path) -> dict:
+    """Seconds to save and to load (model + AdamW state, DCP, one process) a model of width ``dim``."""
+    cfg = load_config(None, [*DEFAULTS, f"model.dim={dim}", f"model.ffn_dim={dim * 8 // 3 // 64 * 64 or 64}"])
+    model = Transformer(model_args(cfg.model))
+    optimizer = build_optimizer(model, cfg.train.optimizer)
+    model(torch.zeros(1, 8, dtype=torch.long)).float().sum().backward()
+    optimizer.step()  # the AdamW moments exist, as in a real checkpoint
+    checkpointer = Checkpointer(cfg.checkpoint, folder, env.rank, env.world_size)
+    start = time.perf_counter()
+    path = checkpointer.save(1, model, optimizer, {"step": 1}, {"rng_cpu": torch.get_rng_state()})
+    saved = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    start = time.perf_counter()
+    checkpointer.load(path, model, optimizer, {}, model_only=False)
+    loaded = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    return {"dim": dim, "params": params, "mib": size / 2**20, "save_s": saved, "load_s": loaded}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--every", type=int, default=10)
+    parser.add_argument("--dims", default="256,512,1024", help="model widths for the save / load timings")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    if args.every < 2 or args.steps < 2 * args.every:
+        parser.error(f"--every={args.every} must be >= 2 and --steps={args.steps} at least twice --every")
+    env = init_distributed()
+    with tempfile.TemporaryDirectory(prefix="ladder-ckpt-bench-") as scratch:
+        scratch = Path(scratch)
+        batches = make_batches(load_config(None, DEFAULTS + args.overrides), 16)
+        warm_cfg = load_config(None, DEFAULTS + ["wandb.mode=disabled", "eval.at_end=false", *args.overrides])
+        step_walls(warm_cfg, batches, env, 2, 0, False, scratch / "warm-up")  # first-call costs out of the rows
+        rows = []
+        for label, every, async_save in (
+            ("end only", 0, False),
+            (f"every {args.every}, sync", args.every, False),
+            (f"every {args.every}, async", args.every, True),
+        ):
+            cfg = load_config(None, DEFAULTS + ["wandb.mode=disabled", "eval.at_end=false", *args.overrides])
+            total, walls = step_walls(cfg, batches, env, args.steps, every, async_save, scratch / label)
+            stall = stall_per_save(walls, args.every) if every else None
+            rows.append((label, total, statistics.median(walls[1:]), stall))
+        sizes = [save_load_times(int(d), env, scratch / f"size-{d}") for d in args.dims.split(",")]
+    dist.destroy_process_group()
+
+    print(f"\n{args.steps} steps, log every step; stall = interval holding a save - median interval")
+    print(f"{'checkpoints':<22} {'total s':>8} {'median step s':>14} {'stall per save s':>17}")
+    for label, total, median, stall in rows:
+        print(f"{label:<22} {total:>8.2f} {median:>14.3f} {'-' if stall is None else f'{stall:.3f}':>17}")
+    print(f"\n{'dim':>6} {'params':>12} {'size MiB':>9} {'save s':>7} {'load s':>7} {'save MiB/s':>11}")
+    for r in sizes:
+        print(
+            f"{r['dim']:>6} {r['params']:>12,} {r['mib']:>9.1f} {r['save_s']:>7.3f} {r['load_s']:>7.3f} "
+            f"{r['mib'] / r['save_s']:>11.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
