@@ -87,7 +87,7 @@ def test_continuation_longer_than_the_window_is_scored_in_pieces(tokenizer):
     assert len(continuation) > 2 * window
     ids = context + continuation
     # every continuation token read after at most `window` tokens: the pieces start at 0, 16, 32, ...
-    expected, greedy = 0.0, True
+    expected = 0.0
     for start in range(0, len(continuation), window):
         end = len(context) + min(start + window, len(continuation))
         piece = ids[max(0, end - window - 1) : end]
