@@ -158,6 +158,21 @@ def test_metrics_file_follows_schedule(tmp_path):
     assert saved.model.residual == "parallel" and saved.train.max_steps == STEPS
 
 
+def test_smoke_recipe_loss_falls(tmp_path):
+    """The shipped smoke recipe, as a user runs it (one process, offline), shortened to 60 steps."""
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml")]
+    cmd += [f"run.dir={tmp_path}", "train.max_steps=60", "train.schedule.total_steps=60", "train.log_every=10"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in records if "loss" in r}
+    assert sorted(losses) == [10, 20, 30, 40, 50, 60]
+    assert losses[10] < math.log(257) + 0.1  # starts near uniform over the byte vocabulary
+    assert losses[60] < losses[10] - 1.0  # and learns: more than a nat below its first logged loss
+    assert losses[60] < 3.5
+
+
 def test_dry_run_3b_plan_on_16_nodes():
     cfg = load_config(REPO / "recipes" / "standard_3b.yaml")
     plan = dry_run(cfg, "16x8")
