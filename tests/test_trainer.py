@@ -168,7 +168,7 @@ def test_smoke_recipe_loss_falls(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}
     assert sorted(losses) == [10, 20, 30, 40, 50, 60]
-    assert losses[10] < math.log(257) + 0.1  # starts near uniform over the byte vocabulary
+    assert losses[10] < math.log(257)  # already below uniform guessing over the 257 byte tokens
     assert losses[60] < losses[10] - 1.0  # and learns: more than a nat below its first logged loss
     assert losses[60] < 3.5
 
