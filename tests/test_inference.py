@@ -2,6 +2,7 @@
 layout, the ladder's async (and delayed) all-reduce changes timing, never values, and the benchmark CLI
 writes consistent results."""
 
+import dataclasses
 import json
 import os
 import socket
@@ -12,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ladder_train.checkpoint import Checkpointer
+from ladder_train.config import load_config
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
 from ladder_train.inference.bench import main as bench_main
 from ladder_train.model import ModelArgs, Transformer
@@ -26,14 +29,27 @@ DECODE_STEPS = 8
 LATENCY_MS = 2.0
 
 
-def make_export(root, name, residual, ladder_layers):
+def make_model(residual, ladder_layers):
     torch.manual_seed(0)
     model = Transformer(ModelArgs(**SHAPE, residual=residual, ladder_layers=ladder_layers))
     with torch.no_grad():  # norms start at ones; perturb them so a wrongly handled norm shows
         for module in model.modules():
             if isinstance(module, RMSNorm):
                 module.weight.uniform_(0.5, 1.5)
-    return save_export(model, root / name)
+    return model
+
+
+def make_export(root, name, residual, ladder_layers):
+    return save_export(make_model(residual, ladder_layers), root / name)
+
+
+def make_checkpoint(root, residual, ladder_layers):
+    """The weights of ``make_export``, saved as a training checkpoint by the trainer's own Checkpointer."""
+    model = make_model(residual, ladder_layers)
+    cfg = load_config(None, ["checkpoint.async_save=false"])
+    checkpointer = Checkpointer(cfg.checkpoint, root, rank=0, world_size=1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    return checkpointer.save(3, model, optimizer, {"model_args": dataclasses.asdict(model.args)}, {})
 
 
 @torch.no_grad()
@@ -103,9 +119,11 @@ def tp_run(tmp_path_factory):
     """Every TP = 2 result, computed in one 2-process gloo run; plus the single-process references."""
     root = tmp_path_factory.mktemp("tp")
     exports = {name: str(make_export(root, name, *layout)) for name, layout in LAYOUTS.items()}
-    mp.spawn(_worker, args=(2, free_port(), exports, str(root)), nprocs=2, join=True)
+    sources = {**exports, "hybrid_checkpoint": str(make_checkpoint(root / "run", *LAYOUTS["hybrid"]))}
+    mp.spawn(_worker, args=(2, free_port(), sources, str(root)), nprocs=2, join=True)
     ranks = [torch.load(root / f"rank{r}.pt") for r in range(2)]
     reference = {name: run_model(load_export(path).eval()) for name, path in exports.items()}
+    reference["hybrid_checkpoint_tp1"] = run_model(load_tp_model(sources["hybrid_checkpoint"]))
     return ranks, reference
 
 
@@ -118,6 +136,19 @@ def test_tp2_prefill_and_decode_logits_equal_single_process(tp_run, layout):
         torch.testing.assert_close(result[layout]["static"], reference[layout]["cached"], atol=1e-5, rtol=1e-5)
     # each rank held half of the query heads (4 heads x head dim 8 in full) and cached 1 of the 2 kv heads
     assert ranks[0][layout]["local_wq_rows"] == 16 and ranks[0][layout]["local_kv_cache_heads"] == 1
+
+
+@pytest.mark.slow
+def test_tp_model_from_a_training_checkpoint_equals_its_export(tp_run):
+    """A DCP checkpoint loads straight onto TP ranks (each reads its own shard) and gives the logits of
+    the export of the same weights, at TP = 2 and in one process."""
+    ranks, reference = tp_run
+    expected = reference["hybrid"]["cached"]
+    torch.testing.assert_close(reference["hybrid_checkpoint_tp1"]["cached"], expected, atol=1e-6, rtol=1e-6)
+    for result in ranks:
+        torch.testing.assert_close(result["hybrid_checkpoint"]["cached"], expected, atol=1e-5, rtol=1e-5)
+        assert torch.equal(result["hybrid_checkpoint"]["greedy"], reference["hybrid"]["greedy"])
+    assert ranks[0]["hybrid_checkpoint"]["local_wq_rows"] == 16
 
 
 @pytest.mark.slow
@@ -199,6 +230,11 @@ def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path):
         bench_main(["--model", "tiny", "--layouts", "standard,lader"])
     with pytest.raises(ValueError, match="neither a model preset"):
         load_tp_model(tmp_path / "missing")
+    torn = tmp_path / "checkpoints" / "step-8"
+    torn.mkdir(parents=True)
+    (torn / ".metadata").write_bytes(b"")  # DCP wrote its files but the save never completed
+    with pytest.raises(ValueError, match="step-8: not a complete checkpoint"):
+        load_tp_model(torn)
 
 
 def test_sampling_greedy_and_top_k():

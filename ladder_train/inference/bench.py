@@ -46,9 +46,13 @@ RECORDED_ENV = (
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ladder-bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="preset name or export folder; several, comma-separated")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="preset name, export folder or training checkpoint (RUN_DIR/checkpoints/step-N); several, comma-separated",
+    )
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="ModelArgs overrides of a preset")
-    p.add_argument("--layouts", default="standard,parallel,ladder", help="for presets; an export has its own")
+    p.add_argument("--layouts", default="standard,parallel,ladder", help="for presets; a saved model has its own")
     p.add_argument("--batch-sizes", default="1,4,16,64")
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--gen-len", type=int, default=512)
@@ -99,7 +103,7 @@ def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
     pairs = []
     for source in [m for m in opts.model.split(",") if m]:
         try:
-            args, kind = resolve_args(source, **(overrides if not _is_export(source) else {}))
+            args, kind = resolve_args(source, **(overrides if not _is_saved_model(source) else {}))
             check_tp_degree(args, tp, source)
         except ValueError as err:
             raise SystemExit(f"ladder-bench: {err}") from None
@@ -109,7 +113,7 @@ def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def _is_export(source: str) -> bool:
+def _is_saved_model(source: str) -> bool:
     return os.path.isdir(source)
 
 
@@ -274,7 +278,7 @@ def run_rank(opts: argparse.Namespace):
     try:
         entries = []  # one sharded model per (source, layout), measured in turn
         for source, layout in plan(opts, world):
-            preset_overrides = {} if _is_export(source) else {**overrides, "residual": layout}
+            preset_overrides = {} if _is_saved_model(source) else {**overrides, "residual": layout}
             model = load_tp_model(source, rank, world, device, dtype, seed=opts.seed, **preset_overrides)
             comms = {"real": TPCommunicator(comm_mode_for(layout), group, opts.link_latency_ms) if group else None}
             if group is not None and not opts.no_ceiling:

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from ..checkpoint import COMPLETE_MARKER, read_trainer_state
 from ..model import Communicator, ModelArgs, Transformer, preset_args
 from ..model.hf_format import args_from_hf_config, from_hf_name
 from ..model.presets import PRESETS
@@ -131,22 +134,57 @@ def _export_reader(path: Path):
     return read, set(names)
 
 
-def resolve_args(source: str | Path, **overrides) -> tuple[ModelArgs, str]:
-    """The ModelArgs of a preset name (with field overrides) or of an export folder, and its kind.
+def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: int, device, group):
+    """This rank's shard of every parameter of a training checkpoint (DCP), whatever world saved it.
 
-    Training checkpoints (DCP) are not a source yet: export them first (``ladder-export``); a checkpoint
-    reader belongs here, next to ``_export_reader``, once the checkpoint format exists."""
+    Each sharded parameter is asked for as a DTensor sharded like the TP plan over the TP group, so DCP
+    reads only this rank's rows or columns (and reshards from the training layout); replicated ones are
+    read whole. With one rank there is no group and DCP reads in this process alone."""
+    shards = {}
+    if tp_size > 1:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        mesh = DeviceMesh.from_group(group, torch.device(device).type)
+    for name, param in model.named_parameters():  # ``model`` is on the meta device: shapes only
+        dim = shard_dim(name)
+        index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
+        local = torch.empty(param[index].shape if index else param.shape, device=device)
+        if tp_size > 1:
+            placement = Shard(dim) if dim is not None else Replicate()
+            local = DTensor.from_local(
+                local, mesh, [placement], run_check=False, shape=param.shape, stride=param.stride()
+            )
+        shards[name] = local
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": shards}, checkpoint_id=str(path), process_group=group, no_dist=tp_size == 1)
+    return {name: t.to_local() if tp_size > 1 else t for name, t in shards.items()}
+
+
+def resolve_args(source: str | Path, **overrides) -> tuple[ModelArgs, str]:
+    """The ModelArgs of a preset name (with field overrides), an export folder or a training checkpoint
+    (``RUN_DIR/checkpoints/step-N``), and its kind."""
     if str(source) in PRESETS:
         return preset_args(str(source), **overrides), "preset"
     path = Path(source)
+    kind = None
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        if overrides:
-            raise ValueError(f"{path}: field overrides apply to presets only, not to exports")
-        return args_from_hf_config(json.loads((path / "config.json").read_text())), "export"
-    raise ValueError(
-        f"{source!r} is neither a model preset ({', '.join(PRESETS)}) nor an export folder "
-        "(config.json + model.safetensors); training checkpoints must be exported first"
-    )
+        kind = "export"
+    elif (path / ".metadata").is_file():  # a DCP checkpoint
+        if not (path / COMPLETE_MARKER).is_file():
+            raise ValueError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+        kind = "checkpoint"
+    if kind is None:
+        raise ValueError(
+            f"{source!r} is neither a model preset ({', '.join(PRESETS)}), an export folder "
+            "(config.json + model.safetensors) nor a training checkpoint (RUN_DIR/checkpoints/step-N)"
+        )
+    if overrides:
+        raise ValueError(f"{path}: field overrides apply to presets only, not to {kind}s")
+    if kind == "export":
+        return args_from_hf_config(json.loads((path / "config.json").read_text())), kind
+    return ModelArgs(**read_trainer_state(path)["model_args"]), kind
 
 
 @torch.no_grad()
@@ -157,18 +195,23 @@ def load_tp_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    group: dist.ProcessGroup | None = None,
     **overrides,
 ) -> Transformer:
-    """This rank's shard of a model, from an export folder or a preset with random weights.
+    """This rank's shard of a model, from an export folder, a training checkpoint or a preset with
+    random weights.
 
     A preset is initialised exactly as ``torch.manual_seed(seed)`` + ``Transformer.init_weights`` would
     initialise the full model on ``device`` (one full tensor at a time, then sliced), so every TP degree
-    holds the same function. The model is in eval mode, with no communicator installed."""
+    holds the same function. A checkpoint is read collectively over ``group`` (default: the world), the
+    TP group. The model is in eval mode, with no communicator installed."""
     args, kind = resolve_args(source, **overrides)
     check_tp_degree(args, tp_size, str(source))
     with torch.device("meta"):
         model = Transformer(args)
-    if kind == "export":
+    if kind == "checkpoint":
+        shards = _checkpoint_reader(Path(source), model, tp_rank, tp_size, device, group or dist.group.WORLD)
+    elif kind == "export":
         read, available = _export_reader(Path(source))
         expected = {name for name, _ in model.named_parameters()}
         if available != expected:
@@ -178,13 +221,15 @@ def load_tp_model(
     for name, param in list(model.named_parameters()):
         dim = shard_dim(name)
         index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
-        if kind == "export":
+        if kind == "checkpoint":
+            local = shards[name]
+        elif kind == "export":
             local = read(name, index)
         else:  # the same RNG draws, in the same order, as init_weights on the full model
             full = torch.empty(param.shape, device=device)
             std = model.init_std(name)
             full = nn.init.ones_(full) if std is None else nn.init.normal_(full, mean=0.0, std=std)
-            local = full[index] if index else full
+            local = full[index].clone() if index else full  # a row slice is a view: keep only the shard
         module_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(module_name), attr, nn.Parameter(local.to(device, dtype).contiguous(), False))
     cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
