@@ -5,6 +5,7 @@
 #   sbatch slurm/bench_tp.sh [MODEL] [extra ladder-bench arguments]
 #   sbatch slurm/bench_tp.sh 3.5B-32h                  # default MODEL: 1.2B (random weights: speed only)
 #   sbatch slurm/bench_tp.sh runs/ladder_1b/export     # an export folder (its own layout)
+#   sbatch slurm/bench_tp.sh runs/ladder_1b/checkpoints/step-100000   # or a training checkpoint
 #
 # Results are appended as JSON lines to bench-tp-<jobid>.jsonl, one object per measurement, each naming
 # TP, batch, layout, NCCL_P2P_DISABLE, the GPU, torch and NCCL versions. The decode step is compiled with
