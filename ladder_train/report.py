@@ -293,6 +293,11 @@ def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) 
                 f"The interconnect is **emulated**: every all-reduce is held {emulated} ms past its completion.",
                 "",
             ]
+            module_ms = next((r["module_ms"] for r in bench_rows if r.get("module_ms")), None)
+            if module_ms:
+                from .inference.bench import latency_note
+
+                lines += [latency_note(emulated, module_ms) + ".", ""]
         lines += [bench_table(bench_rows), "", f"![TP throughput]({plot_bench(bench_rows, out).name})", ""]
     report = out / "report.md"
     report.write_text("\n".join(lines))

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from ladder_train.checkpoint import Checkpointer
 from ladder_train.config import load_config
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
+from ladder_train.inference.bench import latency_note
 from ladder_train.inference.bench import main as bench_main
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import load_export, save_export
@@ -267,3 +268,10 @@ def test_bench_cli_two_ranks_writes_consistent_results(tmp_path):
         if row["layout"] == "standard":
             assert row["decode_ms_per_token"] >= 4.0
         assert ("overlap_efficiency" in row) == (row["layout"] != "standard")
+
+
+def test_latency_note_compares_x_with_the_shorter_module():
+    below = latency_note(20.0, {"attention": 30.0, "mlp": 31.0})
+    assert below.startswith("Emulated X = 20 ms is 0.67x the shorter module's") and "overlap can hide it all" in below
+    above = latency_note(90.0, {"attention": 31.0, "mlp": 30.0})
+    assert "3.0x" in above and "only one module's compute per all-reduce" in above

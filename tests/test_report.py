@@ -62,6 +62,7 @@ def fabricate_bench(path):
                     "speedup_vs_standard": tps / 100 * 0.9,  # prefill dilutes the whole-generation speedup
                     "decode_speedup_vs_standard": tps / 100,
                     "comm_share": 0.4,
+                    "module_ms": {"attention": 2.0, "mlp": 2.5},
                 }
             )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -89,6 +90,8 @@ def test_report_table_and_plots(tmp_path):
     # the last ladder row (batch 4): whole-generation speedup beside the decode-step speedup
     assert table["ladder"][:5] == ["4", "600.0", "6.67", "1.350×", "1.500×"]
     assert "emulated" in text
+    # X = 5 ms against modules of 2.0 / 2.5 ms: the report says only one module can hide each all-reduce
+    assert "Emulated X = 5 ms is 2.5x the shorter module's decode compute (attention 2.00 ms, mlp 2.50 ms)" in text
     for name in ("loss.png", "lr.png", "tp_bench.png"):
         assert f"]({name})" in text
         png = tmp_path / "out" / name
