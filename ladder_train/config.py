@@ -66,6 +66,9 @@ class DataConfig:
     tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, a local tokenizer.json path, or byte (257 tokens)
     seq_len: int = 2048  # tokens per training sequence; windows of seq_len + 1 are cut from the stream
     num_workers: int = 2  # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
+    # documents are shuffled in consecutive blocks of this many (per loader worker, seeded by run.seed and the
+    # epoch; resumes exactly); 0 = file order
+    shuffle_buffer: int = 0
     validation_source: str | None = (
         None  # held-out documents for eval.val_every (its validation split); None = data.source's
     )
@@ -108,12 +111,15 @@ class ParallelConfig:
     activation_checkpoint: str = "none"  # none | full | every_n (checkpoint every ac_every-th block)
     ac_every: int = 2
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
+    # process-group init and collective timeout (seconds): a rank that waits longer on the others fails
+    # instead of hanging; lm-eval on rank 0 does not count against it (the others wait on a separate group)
+    timeout_s: int = 1800
 
 
 @dataclass
 class CheckpointConfig:
     every: int = 1000  # steps between checkpoints; 0 = only at the end
-    keep: int = 3  # keep the last k complete checkpoints
+    keep: int = 3  # keep the last k complete checkpoints; 0 = keep all (negative values are refused)
     async_save: bool = False  # write checkpoints in the background while training continues
     load: str | None = None  # start from this checkpoint instead of the newest one in run.dir
     load_model_only: bool = False  # take weights only (fine-tuning), not optimizer/data state
@@ -261,6 +267,12 @@ def _check_values(cfg: Config) -> None:
     if cfg.data.seq_len > m.max_seq_len:
         raise ConfigError(f"key 'data.seq_len'={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
     t = cfg.train
+    if t.log_every <= 0:
+        raise ConfigError(f"key 'train.log_every' must be a positive number of steps, got {t.log_every}")
+    if cfg.data.shuffle_buffer < 0:
+        raise ConfigError(f"key 'data.shuffle_buffer' must be >= 0 (0 = no shuffling), got {cfg.data.shuffle_buffer}")
+    if cfg.parallel.timeout_s <= 0:
+        raise ConfigError(f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}")
     if t.micro_batch_size <= 0 or t.global_batch_size <= 0:
         raise ConfigError("keys 'train.global_batch_size' and 'train.micro_batch_size' must be positive")
     if t.global_batch_size % t.micro_batch_size:
@@ -276,6 +288,8 @@ def _check_values(cfg: Config) -> None:
         )
     if not 0 <= s.min_lr_ratio <= 1:
         raise ConfigError(f"key 'train.schedule.min_lr_ratio' must lie in [0, 1], got {s.min_lr_ratio}")
+    if cfg.checkpoint.keep < 0:
+        raise ConfigError(f"key 'checkpoint.keep' must be >= 0 (0 keeps every checkpoint), got {cfg.checkpoint.keep}")
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

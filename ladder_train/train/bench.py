@@ -5,6 +5,8 @@
 The bare loop is plain forward / backward / clip / AdamW step on an unsharded model, with the batches
 already in memory: no FSDP, no data loader, no logging. The trainer runs the same steps with its full
 machinery (mesh, FSDP2 of one process, metrics). Rounds alternate the two; the best of each is kept.
+Every trainer round writes into a fresh temporary run folder (a reused folder would auto-resume at
+max_steps and time nothing) and must have run exactly ``--steps`` steps, else the benchmark stops.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import tempfile
 import time
 
 import torch
@@ -39,8 +42,11 @@ DEFAULTS = [
     "train.schedule.warmup_steps=5",
     "train.schedule.total_steps=1000",
     "wandb.mode=disabled",
-    "run.dir=runs/bench-trainer",
 ]
+
+
+class BenchmarkError(RuntimeError):
+    """A round did not do the work it timed."""
 
 
 def make_batches(cfg, count: int) -> list:
@@ -73,10 +79,20 @@ def bare_loop(cfg, batches: list, steps: int) -> float:
 
 def trainer_loop(cfg, batches: list, steps: int, env) -> float:
     cfg.train.max_steps = steps
-    trainer = Trainer(cfg, env, batches=itertools.cycle(batches))
-    start = time.perf_counter()
-    trainer.train()
-    return steps * cfg.train.global_batch_size * cfg.data.seq_len / (time.perf_counter() - start)
+    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as run_dir:
+        cfg.run.dir = run_dir  # fresh per round: nothing to resume from
+        trainer = Trainer(cfg, env, batches=itertools.cycle(batches))
+        first = trainer.step
+        start = time.perf_counter()
+        history = trainer.train()
+        elapsed = time.perf_counter() - start
+    done = trainer.step - first
+    if first != 0 or done != steps or len(history) != steps:
+        raise BenchmarkError(
+            f"trainer round ran {done} steps (from step {first}, {len(history)} logged) instead of {steps}: "
+            "its tokens/s would not measure training"
+        )
+    return steps * cfg.train.global_batch_size * cfg.data.seq_len / elapsed
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,7 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     dist.destroy_process_group()
     best_bare, best_trainer = max(bare), max(trained)
     print(f"bare loop : {best_bare:,.0f} tokens/s (rounds: {', '.join(f'{x:,.0f}' for x in bare)})")
-    print(f"trainer   : {best_trainer:,.0f} tokens/s (rounds: {', '.join(f'{x:,.0f}' for x in trained)})")
+    print(
+        f"trainer   : {best_trainer:,.0f} tokens/s (rounds: {', '.join(f'{x:,.0f}' for x in trained)}; "
+        f"each ran {args.steps} steps in a fresh run folder)"
+    )
     print(f"trainer / bare = {best_trainer / best_bare:.3f} (overhead {100 * (1 - best_trainer / best_bare):.1f} %)")
 
 
