@@ -53,3 +53,35 @@ def test_smoke_run_ends_with_an_evaluation(shared_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     again = json.loads((tmp_path / "again.json").read_text())["summary"]
     assert again["arc_easy_local"] == summary["arc_easy_local"]  # same weights, same rows, same numbers
+
+
+# -- issue 17 item 6: a slow in-process eval on rank 0 outlasts the collective timeout -------------------
+
+SLOW_EVAL_S = 14
+
+
+def _train_with_slow_eval(run_dir: str) -> tuple[int, list[str]]:
+    import time
+
+    import ladder_train.evaluation as evaluation
+    from ladder_train.train.trainer import main
+
+    def slow_evaluate(model, tokenizer, tasks, out_path=None, **kwargs):
+        time.sleep(SLOW_EVAL_S)  # rank 0 only: longer than parallel.timeout_s below
+        return {"fake_task": {"acc": 0.5}}
+
+    evaluation.evaluate = slow_evaluate
+    argv = ["--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "parallel.timeout_s=5",
+            "train.max_steps=2", "train.log_every=1", "data.num_workers=0", "eval.at_end=true",
+            "eval.tasks=[fake_task]", "wandb.mode=disabled"]  # fmt: skip
+    code = main(argv)
+    return code, sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
+
+
+def test_ranks_wait_for_a_slow_rank0_eval_beyond_the_collective_timeout(tmp_path):
+    from dist_utils import run_ranks
+
+    results = run_ranks(_train_with_slow_eval, 2, str(tmp_path / "run"))
+    assert results == [(0, ["step-2"]), (0, ["step-2"])]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("eval/fake_task/acc") == 0.5 for r in logged)  # the eval did run, on rank 0

@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import ConfigError, ParallelConfig
+
+
+_timeout: timedelta | None = None  # the default group's timeout, given to the mesh's subgroups too
 
 
 @dataclass
@@ -34,9 +38,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed() -> Dist:
+def init_distributed(timeout_s: float | None = None) -> Dist:
     """Join the process group torchrun set up, or make a group of one, so a single process runs the
-    same sharded code path. NCCL with one GPU per process when CUDA is available, gloo on the CPU."""
+    same sharded code path. NCCL with one GPU per process when CUDA is available, gloo on the CPU.
+
+    ``timeout_s`` (``parallel.timeout_s``; None = its default) bounds the rendezvous and every collective
+    of the default group, stated rather than left to the backend's default (10 min for NCCL)."""
+    global _timeout
+    if timeout_s is None:
+        timeout_s = ParallelConfig.timeout_s
+    _timeout = timedelta(seconds=timeout_s)
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -53,7 +64,11 @@ def init_distributed() -> Dist:
         backend = "gloo"
     if not dist.is_initialized():
         dist.init_process_group(
-            backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None
+            backend,
+            rank=rank,
+            world_size=world_size,
+            device_id=device if backend == "nccl" else None,
+            timeout=_timeout,
         )
     return Dist(rank, world_size, local_rank, local_world_size, device)
 
@@ -76,4 +91,11 @@ def resolve_degrees(cfg: ParallelConfig, world_size: int, local_world_size: int)
 def build_mesh(device_type: str, replicate: int, shard: int) -> DeviceMesh:
     """A 2-D mesh (dp_replicate, dp_shard). fully_shard on it is HSDP; a degree of 1 makes it FSDP
     (replicate = 1) or plain data parallel (shard = 1), with the same code."""
-    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+    names = ("dp_replicate", "dp_shard")
+    override = None
+    if _timeout is not None:  # subgroups would otherwise get the backend's default timeout, not parallel.timeout_s
+        backend = dist.get_backend()
+        options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
+        options._timeout = _timeout
+        override = {name: (backend, options) for name in names}
+    return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=names, backend_override=override)

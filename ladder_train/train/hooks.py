@@ -7,6 +7,7 @@ import math
 import shutil
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -60,18 +61,36 @@ def gather_full_model(trainer) -> Transformer | None:
     return model.eval()
 
 
+# how long the other ranks wait for rank 0's lm-eval (or export): the paper's seven tasks on a 3.5B model take
+# longer than any sensible collective timeout; if rank 0 dies instead, torchrun ends the others
+EVAL_WAIT = timedelta(hours=24)
+
+
+def _eval_wait_group(trainer):
+    """A gloo group over all ranks with a long timeout, created once per trainer (a collective: every rank
+    calls it). Waiting on it keeps the default group's timeout (``parallel.timeout_s``) short."""
+    group = getattr(trainer, "_eval_wait_group", None)
+    if group is None:
+        group = dist.new_group(backend="gloo", timeout=EVAL_WAIT)
+        trainer._eval_wait_group = group
+    return group
+
+
 def evaluate_checkpoint(trainer, logger) -> dict | None:
-    """Run the configured lm-eval tasks on the current weights: in this job (rank 0, the others wait), or
-    as a separate Slurm job on an export of the newest checkpoint (``eval.mode=slurm``)."""
+    """Run the configured lm-eval tasks on the current weights: in this job (rank 0, the others wait on a
+    gloo group with a long timeout), or as a separate Slurm job on an export of the newest checkpoint
+    (``eval.mode=slurm``; the others wait for the export)."""
     cfg = trainer.cfg
     if trainer.tokenizer is None:  # batches given by the caller: no tokenizer to score eval text with
         if trainer.env.is_main:
             print("note: eval skipped: the trainer was given its batches, so it has no tokenizer", flush=True)
         return None
     out_path = trainer.run_dir / "eval" / f"step-{trainer.step}.json"
+    wait_group = _eval_wait_group(trainer)
     if cfg.eval.mode == "slurm":
         if trainer.env.is_main:
             submit_eval_job(trainer, out_path)
+        dist.barrier(group=wait_group)
         return None
     model = gather_full_model(trainer)
     results = None
@@ -93,7 +112,7 @@ def evaluate_checkpoint(trainer, logger) -> dict | None:
         logger.log({"step": trainer.step, **summary}, console=False)
         logger.summary(summary)
         print(f"eval results: {out_path}", flush=True)
-    dist.barrier()
+    dist.barrier(group=wait_group)
     return results
 
 

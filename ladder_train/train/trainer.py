@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(dry_run(cfg, args.simulate))
             return 0
-        env = init_distributed()
+        env = init_distributed(cfg.parallel.timeout_s)
         try:
             Trainer(cfg, env).train()
         finally:
