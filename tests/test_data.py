@@ -136,10 +136,10 @@ def test_validation_split_reads_only_validation_files(shared_dir):
 # -- resume ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_resume_after_k_batches_is_bit_identical(shared_dir, workers):
+@pytest.mark.parametrize("workers, shuffle", [(0, 0), (2, 0), (0, 7), (2, 7)])
+def test_resume_after_k_batches_is_bit_identical(shared_dir, workers, shuffle):
     tok = starcoder(shared_dir)
-    cfg = DataConfig(source=str(shared_dir / "data/fineweb"), seq_len=64)
+    cfg = DataConfig(source=str(shared_dir / "data/fineweb"), seq_len=64, shuffle_buffer=shuffle)
     k, more = 5, 6
     loader = build_dataloader(cfg, tok, batch_size=2, dp_rank=1, dp_world_size=2, num_workers=workers)
     batches = iter(loader)
@@ -156,27 +156,36 @@ def test_resume_after_k_batches_is_bit_identical(shared_dir, workers):
     fresh = next(iter(build_dataloader(cfg, tok, batch_size=2, dp_rank=1, dp_world_size=2, num_workers=workers)))
     assert not torch.equal(fresh[0], got[0][0])  # the resumed loader did not start over
 
-    other = build_dataloader(DataConfig(source=cfg.source, seq_len=32), tok, batch_size=2, dp_rank=1, dp_world_size=2)
+    other = build_dataloader(
+        DataConfig(source=cfg.source, seq_len=32, shuffle_buffer=shuffle), tok, batch_size=2, dp_rank=1, dp_world_size=2
+    )
     with pytest.raises(
         DataError, match=r"^data loader state was saved for another data setup \(seq_len: saved 64, now 32"
     ):
         other.load_state_dict(state)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp_path, workers):
+@pytest.mark.parametrize("workers, shuffle", [(0, 0), (2, 0), (0, 2), (2, 2)])
+def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp_path, workers, shuffle):
     tok = byte_tokenizer()
     folder = tmp_path / "corpus"
     folder.mkdir()
     texts = [f"document {i}: " + "abc" * (i + 3) for i in range(6)]
     write_jsonl(folder / "a.jsonl", texts[:3])
     write_jsonl(folder / "b.jsonl", texts[3:])
-    cfg = DataConfig(source=str(folder), tokenizer="byte", seq_len=15)
+    cfg = DataConfig(source=str(folder), tokenizer="byte", seq_len=15, shuffle_buffer=shuffle)
     loader = build_dataloader(cfg, tok, batch_size=2, num_workers=workers)
     batches = list(islice(loader, 30))  # 30 x 2 x 16 tokens: several passes over ~150 tokens
     assert loader.epoch >= 2
 
-    if workers == 0:  # one reader: every pass is the whole corpus, the buffer carried over epoch boundaries
+    if workers == 0 and shuffle:  # blocks of 2 documents permuted: each pass is still every document once
+        stream = torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in batches]).flatten()
+        docs = documents_in(stream)
+        every = sorted(tuple(tok.encode(t).ids) for t in texts)
+        passes = [docs[6 * e : 6 * e + 6] for e in range(len(docs) // 6)]
+        assert len(passes) >= 4 and all(sorted(p) == every for p in passes)
+        assert len({tuple(p) for p in passes}) > 1  # the permutation differs between epochs
+    elif workers == 0:  # one reader: every pass is the whole corpus, the buffer carried over epoch boundaries
         files = [[tuple(tok.encode(t).ids) for t in texts[:3]], [tuple(tok.encode(t).ids) for t in texts[3:]]]
         stream = torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in batches]).flatten()
         docs = documents_in(stream)
@@ -194,6 +203,44 @@ def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp
         resumed.load_state_dict(state)
         for (x, y), (x2, y2) in zip(batches[k : k + 8], islice(resumed, 8), strict=True):
             assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_shuffle_is_seeded_and_a_resume_under_another_shuffle_is_refused(tmp_path):
+    tok = byte_tokenizer()
+    texts = [f"doc {i:02d} " + "xy" * (i % 5) for i in range(40)]
+    source = write_jsonl(tmp_path / "docs.jsonl", texts)
+
+    def documents(shuffle: int, seed: int) -> list[tuple[int, ...]]:
+        cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=15, shuffle_buffer=shuffle)
+        return documents_in(stream_of(build_dataloader(cfg, tok, 2, seed=seed, num_workers=0, cycle=False)))
+
+    in_order = documents(0, 0)
+    assert in_order == [tuple(tok.encode(t).ids) for t in texts[: len(in_order)]]
+    shuffled = documents(8, 0)
+    assert shuffled == documents(8, 0) and shuffled != documents(8, 1)  # seeded by run.seed
+    assert shuffled != in_order and len(shuffled) >= 30
+    first_block = {tuple(tok.encode(t).ids) for t in texts[:8]}
+    assert set(shuffled[:8]) == first_block  # a block shuffle: documents move only within their block of 8
+
+    # blocks larger than a tokenizer group (64 documents): states inside the first block (stream position: the
+    # epoch's start), inside the second (position: after 100 documents), and in the next epoch
+    long_source = write_jsonl(tmp_path / "long.jsonl", [f"doc {i:03d} " + "xy" * (i % 5) for i in range(150)])
+    cfg = DataConfig(source=str(long_source), tokenizer="byte", seq_len=15, shuffle_buffer=100)
+    expected = list(islice(build_dataloader(cfg, tok, 2, num_workers=0), 100))
+    for k in (5, 35, 70):
+        loader = build_dataloader(cfg, tok, 2, num_workers=0)
+        it = iter(loader)
+        for _ in range(k):
+            next(it)
+        state = loader.state_dict()
+        resumed = build_dataloader(cfg, tok, 2, num_workers=0)
+        resumed.load_state_dict(state)
+        for (x, y), (x2, y2) in zip(expected[k : k + 12], islice(resumed, 12), strict=True):
+            assert torch.equal(x, x2) and torch.equal(y, y2), k
+    assert loader.epoch == 1
+    other = build_dataloader(DataConfig(source=str(long_source), tokenizer="byte", seq_len=15), tok, 2, num_workers=0)
+    with pytest.raises(DataError, match=r"\(shuffle_buffer: saved 100, now 0\); resume with the same data"):
+        other.load_state_dict(state)
 
 
 # -- the offline smoke corpus ----------------------------------------------------------------------------

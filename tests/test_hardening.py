@@ -62,3 +62,15 @@ bench.main(['--steps', '3', '--rounds', '1', *{BENCH_TINY!r}])
     done = run_bench(tmp_path, code)
     assert done.returncode != 0
     assert "BenchmarkError: trainer round ran 1 steps (from step 0, 1 logged) instead of 3" in done.stderr
+
+
+# -- 12: the paper recipe reads enough data, shuffled ----------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe", ["paper.yaml", "ladder_3b.yaml", "standard_1b.yaml"])
+def test_paper_recipes_stream_sample_100bt_shuffled(recipe):
+    cfg = load_config(REPO / "recipes" / recipe)
+    assert (cfg.data.source, cfg.data.hub_config) == ("HuggingFaceFW/fineweb-edu", "sample-100BT")
+    tokens = cfg.train.schedule.total_steps * cfg.train.global_batch_size * cfg.data.seq_len
+    assert 100e9 <= tokens <= 110e9  # about one pass over the 100B-token sample, not ten over sample-10BT
+    assert cfg.data.shuffle_buffer >= 1000

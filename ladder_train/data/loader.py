@@ -3,7 +3,8 @@
 Each data-parallel rank reads a disjoint part of the documents (``split_dataset_by_node``: whole shards when
 the shard count divides by the world size, else every world_size-th document), and inside a rank each loader
 worker reads its own shards (``datasets`` assigns them). Windows are packed per worker and batches come from
-the workers in turn, so the order is deterministic and ``state_dict()`` / ``load_state_dict()`` resume exactly.
+the workers in turn, so the order is deterministic (also with ``data.shuffle_buffer``, a seeded block shuffle
+of each worker's documents) and ``state_dict()`` / ``load_state_dict()`` resume exactly.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class PackedDataLoader(StatefulDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
         saved = state_dict.pop(_FINGERPRINT, None)
+        if saved is not None:
+            saved = {"shuffle_buffer": 0, **saved}  # states saved before shuffling existed were unshuffled
         if saved is not None and saved != self.fingerprint:
             diff = ", ".join(
                 f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in self.fingerprint.items() if saved.get(k) != v
@@ -110,8 +113,10 @@ def build_dataloader(
     The training split (``data_cfg.split``, the default) reads ``data_cfg.source`` and cycles epochs (an
     endless stream); another split (``"validation"``) reads ``source``, else ``data_cfg.validation_source``,
     else that split of ``data_cfg.source``, in one pass. ``source`` / ``cycle`` override either.
-    The order is deterministic (files in name order, documents in file order): ``seed`` is recorded in the
-    state so a resume under another seed is refused. Sources are validated here, before workers start.
+    The order is deterministic: files in name order, documents in file order, or with ``data_cfg.shuffle_buffer``
+    > 0 (training split only) permuted in blocks of that many, seeded by ``seed`` and the epoch. ``seed`` is
+    recorded in the state so a resume under another seed is refused. Sources are validated here, before
+    workers start.
     """
     if not 0 <= dp_rank < dp_world_size:
         raise DataError(f"data: dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
@@ -129,14 +134,17 @@ def build_dataloader(
     if documents.num_shards % dp_world_size:
         log.info("data: %d shards do not divide over %d ranks: each rank keeps every %d-th document",
                  documents.num_shards, dp_world_size, dp_world_size)  # fmt: skip
+    # only the training stream is shuffled: validation batches stay the same documents in the same order
+    shuffle_buffer = getattr(data_cfg, "shuffle_buffer", 0) if training else 0
     windows = PackedWindows(
-        documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), data_cfg.text_column, cycle, str(source)
-    )
+        documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), data_cfg.text_column, cycle, str(source),
+        shuffle_buffer=shuffle_buffer, seed=seed,
+    )  # fmt: skip
     if num_workers > 0:  # set before the fork: workers inherit it and tokenizers does not warn about the fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     fingerprint = dict(
         source=str(source), split=split, seq_len=data_cfg.seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size,
-        num_workers=num_workers, seed=seed, vocab_size=tokenizer.get_vocab_size(),
+        num_workers=num_workers, seed=seed, vocab_size=tokenizer.get_vocab_size(), shuffle_buffer=shuffle_buffer,
     )  # fmt: skip
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")

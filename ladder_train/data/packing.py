@@ -5,13 +5,20 @@ the data loader's workers (each reads its own shards), tokenizes documents in gr
 ``encode_batch_fast`` call per group), and is ``Stateful``: its state is the document stream's own
 ``state_dict`` plus the tokens already cut from those documents but not yet emitted (an int32 array), plus
 the epoch. Restoring it continues with exactly the windows an uninterrupted run would have produced.
+
+With ``shuffle_buffer = B > 0`` the documents are read in consecutive blocks of B and each block is emitted in
+a permutation drawn from ``(seed, epoch, block number)``. The state then holds the stream's position at the
+block's start and how many of the block's documents were taken: a resume re-reads that block (B documents, no
+tokenizing), permutes it the same way and skips what was taken. So the state stays a few numbers, unlike a
+rolling buffer's (``datasets``' own shuffle buffer is not saved in its state: a resume would refill it with
+other documents).
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from itertools import chain
+from itertools import chain, islice
 from typing import Any
 
 import datasets
@@ -46,7 +53,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
 
     ``cycle=True`` starts the documents again when they run out (``epoch`` counts the passes; the token buffer
     carries over, so no token is dropped at an epoch boundary). ``cycle=False`` makes one pass and drops the
-    final partial window.
+    final partial window. ``shuffle_buffer`` > 0 permutes the documents in blocks of that many (module docstring).
     """
 
     def __init__(
@@ -58,8 +65,12 @@ class PackedWindows(torch.utils.data.IterableDataset):
         text_column: str = "text",
         cycle: bool = True,
         source_name: str = "data.source",
+        shuffle_buffer: int = 0,
+        seed: int = 0,
     ):
         super().__init__()
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
         self.documents = documents
         self.tokenizer = tokenizer
         self.window = seq_len + 1
@@ -74,11 +85,12 @@ class PackedWindows(torch.utils.data.IterableDataset):
         if self._live is None:  # not iterating: the state the next iteration starts from
             return copy.deepcopy(self._start) if self._start else self._initial_state()
         live = self._live
-        return {
-            "epoch": live["epoch"],
-            "documents": live["docs"].state_dict(),
-            "buffer": live["buffer"][live["pos"] :].copy(),
-        }
+        state = {"epoch": live["epoch"], "buffer": live["buffer"][live["pos"] :].copy()}
+        if self.shuffle_buffer:  # the stream position of the current block's start (None: the epoch's start)
+            state.update(documents=copy.deepcopy(live["block_start"]), block=live["block"], taken=live["taken"])
+        else:
+            state["documents"] = live["docs"].state_dict()
+        return state
 
     @staticmethod
     def _initial_state() -> dict[str, Any]:
@@ -100,19 +112,37 @@ class PackedWindows(torch.utils.data.IterableDataset):
             doc.append(self.eos_id)
         return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(map(len, ids)))
 
+    def _shuffled(self, docs, live, block_start, block: int, taken: int) -> Iterator[dict]:
+        """The documents of one epoch, each block of ``shuffle_buffer`` permuted; ``live`` tracks the block's
+        start position, number and documents taken (counted as they are handed out, before the yield)."""
+        stream = iter(docs)
+        while documents := list(islice(stream, self.shuffle_buffer)):
+            order = np.random.default_rng([self.seed % 2**32, live["epoch"], block]).permutation(len(documents))
+            live.update(block_start=block_start, block=block, taken=taken)
+            for i in order[taken:]:
+                live["taken"] += 1
+                yield documents[i]
+            block_start, block, taken = copy.deepcopy(docs.state_dict()), block + 1, 0
+
     def __iter__(self):
         start, self._start = self._start or self._initial_state(), None
-        epoch, resumed = start["epoch"], start["documents"] is not None
+        block, taken = start.get("block", 0), start.get("taken", 0)
+        epoch, resumed = start["epoch"], start["documents"] is not None or taken > 0
         docs = copy.deepcopy(self.documents)  # the loaded stream position must not leak into a later iteration
         docs.set_epoch(epoch)
-        if resumed:
+        if start["documents"] is not None:
             docs.load_state_dict(start["documents"])
         buffer = np.asarray(start["buffer"], dtype=np.int32)
         live = self._live = {"epoch": epoch, "docs": docs, "buffer": buffer, "pos": 0}
+        live.update(block_start=start["documents"], block=block, taken=taken)
         window = self.window
         while True:
             n_docs = 0
-            for texts in document_groups(iter(docs), self.text_column):
+            if self.shuffle_buffer:
+                stream = self._shuffled(docs, live, live["block_start"], live["block"], live["taken"])
+            else:
+                stream = iter(docs)
+            for texts in document_groups(stream, self.text_column):
                 n_docs += len(texts)
                 buffer = np.concatenate([live["buffer"], self._tokenize(texts)])
                 live["buffer"], pos = buffer, 0
@@ -126,7 +156,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
                 return
             epoch, resumed = epoch + 1, False
             docs.set_epoch(epoch)
-            live["epoch"] = epoch
+            live.update(epoch=epoch, block_start=None, block=0, taken=0)
 
 
 def collate_windows(windows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
