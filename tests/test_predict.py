@@ -17,11 +17,11 @@ from ladder_train.inference.perfmodel import (
     allreduce_s,
     module_kernels,
     predict_rows,
-    resolve_shape,
     roofline_s,
     simulate,
     step_ops,
 )
+from ladder_train.inference.perfshapes import resolve_shape
 
 # compute seconds per module given directly: embed 1, attention 2, MLP 3, parallel block 4, head 1
 T = {"embed": 1.0, "attention": 2.0, "mlp": 3.0, "parallel": 4.0, "head": 1.0}

@@ -13,139 +13,15 @@ Every figure it gives is a PREDICTION, not a measurement. Three parts:
   runs at (1 - interference) speed: NCCL's kernels hold SMs, gloo's threads hold the CPU cores the ranks
   compute on. Nothing about overlap is a formula: the ladder's exposed last all-reduce, two all-reduces in
   flight and the prefill all come out of the simulation.
-- **Shapes.** The project's presets, the Llama shapes of the paper's size sweep, or a Hugging Face
-  ``config.json``.
+Model shapes (presets, the paper's Llama sizes, a ``config.json``) are in ``perfshapes.py``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
-# The paper's size sweep, Llama architecture: untied output head, vocabulary 128256 unless given.
-LLAMA_SHAPES: dict[str, dict] = {
-    "llama-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192),
-    "llama-3b": dict(n_layers=28, dim=3072, n_heads=24, n_kv_heads=8, ffn_dim=8192),
-    "llama-8b": dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336),
-    "llama-34b": dict(n_layers=48, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=22016, vocab_size=32000),
-    "llama-70b": dict(n_layers=80, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672),
-    "llama-176b": dict(n_layers=70, dim=14336, n_heads=112, n_kv_heads=112, ffn_dim=57344, vocab_size=250880),
-    "llama-405b": dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, ffn_dim=53248),
-}
-LLAMA_VOCAB = 128256
-LAYOUTS = ("standard", "parallel", "ladder")
-
-
-class InputError(ValueError):
-    """Bad user input (a shape, a profile, a bench row): the CLI prints it as one line."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_dim: int
-    vocab_size: int
-    tied: bool  # tied head: the same time (the head reads vocab x dim either way), less memory
-    ladder_layers: int | None = None  # hybrid: only the last N layers are ladder
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
-
-    def layer_layouts(self, residual: str) -> list[str]:
-        """As ``ModelArgs.layer_layouts``: a hybrid ladder keeps its first L - N layers standard."""
-        if residual != "ladder":
-            return [residual] * self.n_layers
-        n = self.n_layers if self.ladder_layers is None else self.ladder_layers
-        return ["standard"] * (self.n_layers - n) + ["ladder"] * n
-
-
-def shape_from_fields(name: str, fields: dict, tied: bool, origin: str) -> Shape:
-    """A Shape from ModelArgs-named fields; ``origin`` names the file or row in errors."""
-    need = ("n_layers", "dim", "n_heads", "ffn_dim", "vocab_size")
-    for key in need:
-        value = fields.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(f"{origin}: {key} must be a positive integer, got {value!r}")
-    kv = fields.get("n_kv_heads") or fields["n_heads"]
-    if fields["dim"] % fields["n_heads"] or fields["n_heads"] % kv:
-        raise InputError(f"{origin}: n_heads={fields['n_heads']} must divide dim and be a multiple of n_kv_heads={kv}")
-    ladder_layers = fields.get("ladder_layers")
-    if ladder_layers is not None and not 0 <= ladder_layers <= fields["n_layers"]:
-        raise InputError(f"{origin}: ladder_layers={ladder_layers} not in 0..n_layers={fields['n_layers']}")
-    return Shape(
-        name,
-        fields["n_layers"],
-        fields["dim"],
-        fields["n_heads"],
-        kv,
-        fields["ffn_dim"],
-        fields["vocab_size"],
-        tied,
-        ladder_layers,
-    )
-
-
-TIME_NEUTRAL = ("max_seq_len", "rope_theta", "norm_eps", "init_std")  # ModelArgs fields that cost nothing
-SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "ladder_layers")
-
-
-def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict | None = None) -> Shape:
-    """A preset of ``ladder_train.model.presets`` (tied head), a ``llama-*`` name (untied), or a path to a
-    Hugging Face ``config.json`` or its folder (read as JSON only; ``tie_word_embeddings`` as given).
-    ``overrides``: shape fields to replace (as ladder-bench's ``--set``)."""
-    from ..model.presets import PRESETS
-
-    extra = {k: v for k, v in (overrides or {}).items() if k not in TIME_NEUTRAL}
-    for key in extra:
-        if key not in SHAPE_FIELDS:
-            raise InputError(f"--set {key}: not a shape field (one of {', '.join(SHAPE_FIELDS)})")
-    if ladder_layers is not None:
-        extra["ladder_layers"] = ladder_layers
-    name = source
-    if extra:
-        name += ":" + ",".join(f"{k}={v}" for k, v in extra.items())
-    if source in PRESETS:
-        return shape_from_fields(name, {**PRESETS[source], **extra}, True, f"preset {source}")
-    if source in LLAMA_SHAPES:
-        return shape_from_fields(name, {"vocab_size": LLAMA_VOCAB, **LLAMA_SHAPES[source], **extra}, False, source)
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        names = ", ".join([*PRESETS, *LLAMA_SHAPES])
-        raise InputError(f"--model {source!r}: neither a known shape ({names}) nor a config.json file or folder")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    keys = {
-        "num_hidden_layers": "n_layers",
-        "hidden_size": "dim",
-        "num_attention_heads": "n_heads",
-        "num_key_value_heads": "n_kv_heads",
-        "intermediate_size": "ffn_dim",
-        "vocab_size": "vocab_size",
-    }
-    fields = {ours: config.get(theirs) for theirs, ours in keys.items()}
-    for theirs, ours in keys.items():
-        if ours != "n_kv_heads" and fields[ours] is None:
-            raise InputError(f"{path}: missing key {theirs}")
-    fields["ladder_layers"] = config.get("ladder_layers") if config.get("residual") == "ladder" else None
-    fields.update(extra)
-    label = path.parent.name or str(path)
-    return shape_from_fields(
-        label + name[len(source) :], fields, bool(config.get("tie_word_embeddings", False)), str(path)
-    )
-
+from .perfshapes import LAYOUTS, InputError, Shape
 
 # ---------------------------------------------------------------------------------------------- hardware
 
@@ -404,10 +280,8 @@ def predict_step(
             parts.append(("emulated", emulated.latency_s + bw_s, 0.0))
         return parts
 
-    t = simulate(ops, cost)
-    if tp > 1:  # every rank continues with rank 0's tokens: a blocking broadcast of a few bytes (generate.py)
-        t += allreduce_s(link, batch * 8, tp, device)
-    return t
+    # greedy decoding needs no token broadcast: the all-reduces make the logits equal on every rank
+    return simulate(ops, cost)
 
 
 def predict_generation(

@@ -12,13 +12,15 @@ and ladder layouts and of the no-communication ceiling under tensor parallelism,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 from pathlib import Path
 
 from .hardware import load_profiles
-from .perfmodel import LAYOUTS, Emulated, InputError, predict_rows, resolve_shape, shape_from_fields
+from .perfmodel import LAYOUTS, Emulated, InputError, predict_rows
+from .perfshapes import resolve_shape, shape_from_fields
 
 PROG = "ladder-predict"
 
@@ -250,10 +252,12 @@ def compare(bench: list[dict], device, link: str | None = None) -> tuple[list[di
         bw = row.get("link_bandwidth_gbs")
         emulated = Emulated(x / 1e3, bw * 1e9 if bw else None) if x or bw else None
         link_name = link or ("gloo" if "gloo" in device.links else next(iter(device.links)))
-        key = (shape, row["tp"], row["batch"], row["prompt_len"], row["gen_len"], emulated)
+        # a compiled run fuses kernels and reads the whole static cache, as the profile's `compiled` says
+        dev = dataclasses.replace(device, compiled=bool(row.get("compiled", device.compiled)))
+        key = (shape, dev.compiled, row["tp"], row["batch"], row["prompt_len"], row["gen_len"], emulated)
         if key not in cache:
             preds = predict_rows(
-                shape, device, link_name, row["tp"], [row["batch"]], row["prompt_len"], row["gen_len"], emulated
+                shape, dev, link_name, row["tp"], [row["batch"]], row["prompt_len"], row["gen_len"], emulated
             )
             cache[key] = {r["layout"]: r for r in preds}
         pred = cache[key][row["layout"]]
