@@ -74,3 +74,54 @@ def test_paper_recipes_stream_sample_100bt_shuffled(recipe):
     tokens = cfg.train.schedule.total_steps * cfg.train.global_batch_size * cfg.data.seq_len
     assert 100e9 <= tokens <= 110e9  # about one pass over the 100B-token sample, not ten over sample-10BT
     assert cfg.data.shuffle_buffer >= 1000
+
+
+# -- 8: kill -9 of the trainer takes its loader workers with it ------------------------------------------
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_loader_workers_die_with_a_killed_trainer(tmp_path):
+    import signal
+    import time
+
+    # batches of 8 x 2048 tokens (~260 kB) fill the worker -> trainer pipe, where an orphaned worker used to
+    # block forever (the trainer is slow to take them: each step trains on one)
+    cmd = [sys.executable, "-u", "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
+           f"run.dir={tmp_path / 'run'}", "model.max_seq_len=2048", "data.seq_len=2048", "data.num_workers=2",
+           "train.micro_batch_size=8", "train.max_steps=1000", "train.log_every=1"]  # fmt: skip
+    trainer = subprocess.Popen(cmd, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)  # fmt: skip
+    workers: set[int] = set()
+    try:
+        for line in trainer.stdout:  # the first step is logged once the workers are delivering batches
+            if line.startswith("step"):
+                break
+        workers = _children(trainer.pid)
+        assert len(workers) >= 2, workers
+        time.sleep(2)  # let the workers fill the pipe
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=10)
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline and any(_running(p) for p in workers):
+            time.sleep(0.1)
+        assert not [p for p in workers if _running(p)], "loader workers outlived the killed trainer"
+    finally:
+        trainer.kill()
+        for pid in workers:  # orphans of a failed run: ours to end
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -9,9 +9,14 @@ of each worker's documents) and ``state_dict()`` / ``load_state_dict()`` resume 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 import signal
+import sys
+import threading
+import time
 import warnings
 from typing import Any
 
@@ -77,7 +82,46 @@ def _epochs(state: Any):
             yield from _epochs(value)
 
 
-def _init_worker(worker_id: int) -> None:
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent(trainer_pid: int) -> None:
+    """End this worker when the trainer dies, even by SIGKILL: torch's own check (every 5 s, between batches)
+    never runs in a worker stuck writing a batch into a full pipe nobody reads, which kept such workers alive
+    (and their memory) forever. Forked by the trainer on Linux: the kernel sends SIGKILL when the forking
+    thread exits. Otherwise (another OS, a forkserver in between) a thread polls the trainer's pid."""
+    direct = os.getppid() == trainer_pid
+    armed = False
+    if direct and sys.platform.startswith("linux"):
+        try:
+            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    if armed:
+        if os.getppid() != trainer_pid:  # the trainer died between the fork and the prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
+
+    def watch() -> None:
+        while _alive(trainer_pid):
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="trainer-watchdog", daemon=True).start()
+
+
+def _init_worker(worker_id: int, trainer_pid: int) -> None:
+    _die_with_parent(trainer_pid)
     # each worker is one tokenizing process; the Rust thread pool would oversubscribe the cores
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     # preemption signals (Slurm, torchrun) reach the whole process group: the trainer handles them and
@@ -153,7 +197,7 @@ def build_dataloader(
             batch_size=batch_size,
             collate_fn=collate_windows,
             num_workers=num_workers,
-            worker_init_fn=_init_worker if num_workers > 0 else None,
+            worker_init_fn=functools.partial(_init_worker, trainer_pid=os.getpid()) if num_workers > 0 else None,
             pin_memory=torch.cuda.is_available(),
             drop_last=True,
             fingerprint=fingerprint,
