@@ -125,3 +125,21 @@ def test_loader_workers_die_with_a_killed_trainer(tmp_path):
         for pid in workers:  # orphans of a failed run: ours to end
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# -- 9b: a malformed line deep in a jsonl file -----------------------------------------------------------
+
+
+def test_malformed_jsonl_line_after_the_first_is_one_line_naming_file_and_line(tmp_path):
+    source = tmp_path / "docs.jsonl"
+    good = [f'{{"text": "document {i} ' + "abc " * 50 + '"}' for i in range(40)]
+    source.write_text("\n".join(good[:30] + ['{"text": "cut off', *good[30:]]) + "\n")
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
+           f"run.dir={tmp_path / 'run'}", f"data.source={source}", "data.num_workers=2", "train.max_steps=50"]  # fmt: skip
+    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {source}: line 31 is not JSON (Invalid control character at column 18); "
+        "expected one JSON object per line"
+    )

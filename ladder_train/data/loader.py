@@ -26,7 +26,7 @@ from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .packing import PackedWindows, collate_windows
-from .sources import open_source
+from .sources import open_source, read_error_message
 from .tokenizer import DataError, eos_id
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,9 @@ class PackedDataLoader(StatefulDataLoader):
             )
         super().load_state_dict(state_dict)
 
+    def __iter__(self):
+        return _one_line_errors(super().__iter__())
+
     def close(self) -> None:
         """Stop the worker processes now (not at garbage collection, which an exception can delay to exit)."""
         iterator = getattr(self, "_iterator", None)
@@ -71,6 +74,23 @@ class PackedDataLoader(StatefulDataLoader):
     def epoch(self) -> int:
         """Passes over this rank's documents completed so far (the furthest worker's, from the last state)."""
         return max(_epochs(super().state_dict()), default=0)
+
+
+def _one_line_errors(batches):
+    """The batches; a DataError raised in a worker arrives wrapped in the worker's traceback (torch re-raises
+    it with that text as the message): keep its own one line."""
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except DataError as err:
+            message = str(err)
+            if "\n" not in message:
+                raise
+            last = [line for line in message.splitlines() if line.strip()][-1]
+            raise DataError(last.split("DataError: ", 1)[-1]) from None
+        yield batch
 
 
 def _epochs(state: Any):
@@ -183,6 +203,7 @@ def build_dataloader(
     windows = PackedWindows(
         documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), data_cfg.text_column, cycle, str(source),
         shuffle_buffer=shuffle_buffer, seed=seed,
+        describe_read_error=functools.partial(read_error_message, str(source), split, data_cfg.text_column),
     )  # fmt: skip
     if num_workers > 0:  # set before the fork: workers inherit it and tokenizers does not warn about the fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

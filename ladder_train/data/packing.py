@@ -17,7 +17,7 @@ other documents).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, islice
 from typing import Any
 
@@ -67,8 +67,10 @@ class PackedWindows(torch.utils.data.IterableDataset):
         source_name: str = "data.source",
         shuffle_buffer: int = 0,
         seed: int = 0,
+        describe_read_error: Callable[[Exception], str] | None = None,
     ):
         super().__init__()
+        self.describe_read_error = describe_read_error  # error while streaming -> one line naming file and line
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.documents = documents
@@ -112,6 +114,22 @@ class PackedWindows(torch.utils.data.IterableDataset):
             doc.append(self.eos_id)
         return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(map(len, ids)))
 
+    def _reading(self, stream: Iterator[dict]) -> Iterator[dict]:
+        """The document stream, with a read failure (a malformed line deep in a file) as one DataError line."""
+        try:
+            yield from stream
+        except DataError:
+            raise
+        except Exception as err:
+            text = str(err).strip()
+            message = (
+                self.describe_read_error(err)
+                if self.describe_read_error
+                else f"{self.source_name}: reading documents failed ({type(err).__name__}: "
+                f"{text.splitlines()[0] if text else ''})"
+            )
+            raise DataError(message) from None
+
     def _shuffled(self, docs, live, block_start, block: int, taken: int) -> Iterator[dict]:
         """The documents of one epoch, each block of ``shuffle_buffer`` permuted; ``live`` tracks the block's
         start position, number and documents taken (counted as they are handed out, before the yield)."""
@@ -142,7 +160,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
                 stream = self._shuffled(docs, live, live["block_start"], live["block"], live["taken"])
             else:
                 stream = iter(docs)
-            for texts in document_groups(stream, self.text_column):
+            for texts in document_groups(self._reading(stream), self.text_column):
                 n_docs += len(texts)
                 buffer = np.concatenate([live["buffer"], self._tokenize(texts)])
                 live["buffer"], pos = buffer, 0

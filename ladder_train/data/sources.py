@@ -94,6 +94,40 @@ def check_file(path: Path, text_column: str) -> None:
         _check_utf8(path)
 
 
+def first_bad_record(files: list[Path], text_column: str) -> str | None:
+    """'path: line N ...' for the first line of a local JSON-lines file that is not a JSON object holding
+    ``text_column``; None if there is none. Only the first record is checked before a run (the files can be
+    large), so this runs when reading fails later."""
+    for path in files:
+        if FORMATS.get(path.suffix) != "json":
+            continue
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    return f"{path}: line {number} is not JSON ({err.msg.removesuffix(' at')} at column {err.colno}); expected one JSON object per line"
+                if not isinstance(record, dict) or text_column not in record:
+                    return f"{path}: line {number} has no '{text_column}' key (data.text_column)"
+    return None
+
+
+def read_error_message(source: str, split: str, text_column: str, err: Exception) -> str:
+    """One line for a failure while streaming ``source``: the bad file and line when a local file has one."""
+    text = str(err).strip()
+    reason = f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+    if source != STDLIB_SOURCE and is_local(source):
+        try:
+            files = local_files(source, split)
+        except DataError:
+            files = []
+        if bad := first_bad_record(files, text_column):
+            return bad
+    return f"data.source: {source} (split {split}): reading documents failed ({reason})"
+
+
 def _split_of(path: Path, root: Path) -> str | None:
     """'train' for train-00000-of-00004.parquet or train/x.parquet; None when the name names no split."""
     for part in path.relative_to(root).parts:

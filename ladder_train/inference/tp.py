@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from ..checkpoint import COMPLETE_MARKER, read_trainer_state
+from ..checkpoint import COMPLETE_MARKER, load_dcp, read_trainer_state
 from ..model import Communicator, ModelArgs, Transformer, preset_args
 from ..model.hf_format import args_from_hf_config, from_hf_name
 from ..model.presets import PRESETS
@@ -156,9 +154,7 @@ def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: in
                 local, mesh, [placement], run_check=False, shape=param.shape, stride=param.stride()
             )
         shards[name] = local
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": shards}, checkpoint_id=str(path), process_group=group, no_dist=tp_size == 1)
+    load_dcp({"model": shards}, path, group=group, no_dist=tp_size == 1, verify=True)
     return {name: t.to_local() if tp_size > 1 else t for name, t in shards.items()}
 
 
