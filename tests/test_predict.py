@@ -356,3 +356,24 @@ def test_shipped_h100_profile_against_the_paper():
         errors.append(rows[("nvlink", batch, "ladder")]["speedup_vs_standard"] / on - 1)
         errors.append(rows[("pcie", batch, "ladder")]["speedup_vs_standard"] / off - 1)
     assert statistics.fmean(abs(e) for e in errors) < 0.10
+
+
+def test_measured_block_overheads_replace_kernel_counts(tmp_path):
+    import dataclasses
+
+    from ladder_train.inference.perfmodel import module_times
+
+    shape = resolve_shape("small")
+    ks = module_kernels(shape, CPU, 2, 1, 1, 16)
+    plain = module_times(ks, CPU)
+    assert plain["mlp"] == pytest.approx(roofline_s(ks["mlp"], CPU))
+    measured = dataclasses.replace(CPU, overheads={"attention": 1e-3, "mlp": 2e-4, "step": 5e-4})
+    times = module_times(ks, measured)
+    assert times["attention"] == pytest.approx(roofline_s(ks["attention"], CPU, fixed=False) + 1e-3)
+    assert times["head"] == pytest.approx(roofline_s(ks["head"], CPU, fixed=False) + 5e-4)
+    bad = tmp_path / "half.yaml"
+    bad.write_text(yaml_profile("    gloo: {alpha_us: 5, busbw_gbs: 1}\n") + "  attention_overhead_us: 100\n")
+    with pytest.raises(
+        InputError, match=r"half.yaml: g.mlp_overhead_us: missing \(the three \*_overhead_us keys go together\)"
+    ):
+        load_profiles(bad)

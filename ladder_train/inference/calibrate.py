@@ -4,7 +4,8 @@ runs it: TP = 2 gloo ranks on the CPU, one thread each, fp32, eager.
 Both ranks measure at the same time, so they share the cores and the memory bandwidth as in a benchmark:
 - matmul rate: a 1024^3 fp32 matmul (the peak a batch-64 decode step's GEMMs can reach);
 - memory bandwidth: a matrix-vector product over a 128 MB weight (what a batch-1 decode step does);
-- the fixed cost of one eager op (dispatch), from a loop of tiny adds;
+- the fixed cost of one eager op (dispatch), from a loop of tiny adds, and of the project's own attention
+  block, MLP block and decode-step wrapper on a model too small for data movement to count;
 - gloo all-reduce time by size, fitted to alpha + 2 (p - 1) / p x bytes / busbw;
 - interference: gloo's threads run on the cores the ranks compute on, so an all-reduce in flight slows the
   compute beside it. Measured as the compute time lost while an all-reduce of 1 MB runs under a longer
@@ -73,6 +74,7 @@ def _rank(rank: int, world: int, port: int, reps: int, queue):
     out["gemv_bytes_s"] = weight.numel() * 4 / gemv_s
     tiny = torch.zeros(4)
     out["op_s"] = both(lambda: [tiny.add(1.0) for _ in range(2000)], reps) / 2000
+    out.update(_block_overheads(both, reps))
     times = []
     for size in SIZES:
         buf = torch.ones(size // 4)
@@ -102,6 +104,37 @@ def _rank(rank: int, world: int, port: int, reps: int, queue):
     dist.destroy_process_group()
     if rank == 0:
         queue.put(out)
+
+
+def _block_overheads(both, reps: int) -> dict:
+    """Fixed eager costs of the project's own blocks, on a model so small (hidden 64) that data movement is
+    negligible: one attention block (norm, attention over the cache, residual add), one MLP block, and
+    what a decode step adds around its layers (embedding, final norm, head, sampling, the Python loop)."""
+    import torch
+
+    from ..model import ModelArgs, Transformer
+    from .generate import Generator, sample
+
+    args = ModelArgs(vocab_size=64, dim=64, n_layers=2, n_heads=4, ffn_dim=128, max_seq_len=64)
+    model = Transformer(args).eval()
+    gen = Generator(model)
+    gen.setup(1, 64)
+    layer, pos, loops = model.layers[0], 16, 50
+    r, tokens = torch.randn(1, 1, 64), torch.zeros(1, dtype=torch.long)
+    cos, sin = model.rope_cos[pos : pos + 1], model.rope_sin[pos : pos + 1]
+
+    def repeat(fn):
+        def run():
+            for _ in range(loops):
+                fn()
+
+        return run
+
+    with torch.no_grad():
+        attn = both(repeat(lambda: r + layer.attention(layer.attention_norm(r), cos, sin, pos)), reps) / loops
+        mlp = both(repeat(lambda: r + layer.mlp(layer.mlp_norm(r))), reps) / loops
+        step = both(repeat(lambda: sample(gen.decode_step(tokens, pos))), reps) / loops
+    return {"attention_s": attn, "mlp_s": mlp, "step_s": max(step - args.n_layers * (attn + mlp), 0.0)}
 
 
 def measure(reps: int = 5) -> dict:
@@ -140,6 +173,11 @@ cpu:
   compute_eff: 1.0
   mem_eff: 1.0
   kernel_us: {1e6 * m["op_s"]:.2f}        # one eager op (a tiny add) dispatched and run
+  # the project's blocks at hidden 64 (data movement negligible): their fixed eager cost, used instead of
+  # kernel_us x a guessed op count
+  attention_overhead_us: {1e6 * m["attention_s"]:.1f}
+  mlp_overhead_us: {1e6 * m["mlp_s"]:.1f}
+  step_overhead_us: {1e6 * m["step_s"]:.1f}
   dtype_bytes: 4
   compiled: false
   gpus_per_node: 2

@@ -29,6 +29,9 @@ DEVICE_KEYS = {
     "gpus_per_node": (False, "int"),
     "inter_node": (False, "str"),
     "links": (True, "map"),
+    "attention_overhead_us": (False, "nonneg"),
+    "mlp_overhead_us": (False, "nonneg"),
+    "step_overhead_us": (False, "nonneg"),
     "calibrated": (False, "str"),
 }
 LINK_KEYS = {
@@ -116,8 +119,20 @@ def parse_profiles(data, origin: str) -> dict[str, Device]:
             links,
             entry.get("gpus_per_node", 8),
             inter,
+            _overheads(entry, where),
         )
     return devices
+
+
+def _overheads(entry: dict, where: str) -> dict[str, float] | None:
+    keys = ("attention_overhead_us", "mlp_overhead_us", "step_overhead_us")
+    given = [k for k in keys if k in entry]
+    if not given:
+        return None
+    if len(given) != len(keys):
+        missing = next(k for k in keys if k not in entry)
+        raise InputError(f"{where}.{missing}: missing (the three *_overhead_us keys go together)")
+    return {k.removesuffix("_overhead_us"): entry[k] * 1e-6 for k in keys}
 
 
 def load_profiles(path: str | Path | None = None) -> dict[str, Device]:

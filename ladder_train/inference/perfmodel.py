@@ -54,6 +54,9 @@ class Device:
     links: dict[str, Link] = field(default_factory=dict)
     gpus_per_node: int = 8
     inter_node: str | None = None  # the link between nodes when tp > gpus_per_node
+    # measured fixed costs (eager CPU): seconds per attention block, per MLP block and per step (embedding,
+    # head, sampling, the Python loop); when given they replace kernel_s x the kernel count
+    overheads: dict[str, float] | None = None
 
 
 def comm_parts(link: Link, nbytes: float, tp: int, device: Device) -> float:
@@ -90,13 +93,24 @@ class Kernel:
     bytes: float
 
 
-def roofline_s(kernels: list[Kernel], device: Device) -> float:
+def roofline_s(kernels: list[Kernel], device: Device, fixed: bool = True) -> float:
     """Seconds of a sequence of kernels: each bound by compute or by memory, plus its fixed cost."""
     total = 0.0
     for k in kernels:
         total += max(k.flops / (device.peak_flops * device.compute_eff), k.bytes / (device.mem_bw * device.mem_eff))
-        total += device.kernel_s
+        total += device.kernel_s if fixed else 0.0
     return total
+
+
+def module_times(kernels: dict[str, list[Kernel]], device: Device) -> dict[str, float]:
+    """Compute seconds of each module: its roofline plus the fixed costs, counted per kernel or, where the
+    profile measured them, per module."""
+    if not device.overheads:
+        return {name: roofline_s(ks, device) for name, ks in kernels.items()}
+    o = device.overheads
+    fixed = {"attention": o["attention"], "mlp": o["mlp"], "parallel": o["attention"] + o["mlp"], "embed": 0.0}
+    fixed["head"] = o["step"]
+    return {name: roofline_s(ks, device, fixed=False) + fixed[name] for name, ks in kernels.items()}
 
 
 def _gemm(tokens: int, k: int, n: int, b: int) -> Kernel:
@@ -268,7 +282,7 @@ def predict_step(
     """Seconds of one forward of ``batch`` x ``q_len`` tokens over a ``kv_len`` cache; ``layout`` is one
     of LAYOUTS or ``none`` (the no-communication ceiling of that model's compute, standard's layers)."""
     kernels = module_kernels(shape, device, tp, batch, q_len, kv_len)
-    times = {name: roofline_s(ks, device) for name, ks in kernels.items()}
+    times = module_times(kernels, device)
     act = batch * q_len * shape.dim * device.dtype_bytes
     comm = tp > 1 and layout != "none"
     ops = step_ops(shape.layer_layouts("standard" if layout == "none" else layout), times, comm)

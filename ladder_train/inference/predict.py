@@ -7,6 +7,7 @@ and ladder layouts and of the no-communication ceiling under tensor parallelism,
     ladder-predict --gpu cpu --link emulated --link-latency-ms 20 --model small --tp 2 ...
     ladder-predict --compare bench.jsonl [--profile cpu.yaml]      # against ladder-bench's measurements
     ladder-predict calibrate --out cpu.yaml                         # measure this machine's `cpu` profile
+    ladder-predict validate --out-dir DIR                           # calibrate + ladder-bench runs + --compare
 """
 
 from __future__ import annotations
@@ -324,6 +325,10 @@ def main(argv=None):
             from .calibrate import main as calibrate_main
 
             return calibrate_main(argv[1:])
+        if argv[:1] == ["validate"]:
+            from .predict_validation import main as validate_main
+
+            return validate_main(argv[1:])
         opts = parse_args(argv)
         if opts.compare:
             devices = load_profiles(opts.profile)
