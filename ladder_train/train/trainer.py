@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint import Checkpointer, CheckpointError
+from ..checkpoint import Checkpointer, CheckpointError, RunDirLocked, lock_run_dir
 from ..config import Config, ConfigError, model_args, save_config, to_yaml
 from ..model import Transformer, flops_per_token
 from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
@@ -87,6 +87,7 @@ class Trainer:
     def __init__(self, cfg: Config, env: Dist, batches: Iterable | None = None):
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.run.dir)
+        self._lock = self._lock_run_dir()  # before anything is read or written
         replicate, shard = resolve_degrees(cfg.parallel, env.world_size, env.local_world_size)
         self.replicate = replicate
         self.plan = BatchPlan(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len)
@@ -121,6 +122,20 @@ class Trainer:
         self._resume()
 
     # checkpoints ---------------------------------------------------------------------------------------
+
+    def _lock_run_dir(self):
+        """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together."""
+        handle, message = None, ""
+        if self.env.is_main:
+            try:
+                handle = lock_run_dir(self.run_dir)
+            except RunDirLocked as err:
+                message = str(err)
+        box = [message]
+        dist.broadcast_object_list(box, src=0)
+        if box[0]:
+            raise RunDirLocked(box[0], quiet=not self.env.is_main)
+        return handle
 
     def _trainer_state(self) -> dict:
         return {
@@ -268,7 +283,10 @@ class Trainer:
                 flush=True,
             )
         logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id)
-        self.wandb_id = logger.wandb_id if env.is_main else None
+        # every rank saves the trainer entry and DCP keeps one rank's copy: all must carry rank 0's id
+        box = [logger.wandb_id]
+        dist.broadcast_object_list(box, src=0)
+        self.wandb_id = box[0]
         handlers = {sig: signal.signal(sig, self._request_preemption) for sig in (signal.SIGTERM, signal.SIGUSR1)}
         history: list[dict] = []
         self.model.train()
@@ -332,6 +350,9 @@ class Trainer:
                 self.loader.close()
             self._batches = None
             logger.close()
+            if self._lock is not None:
+                self._lock.close()  # releases run.dir
+                self._lock = None
         return history
 
 
@@ -370,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"preempted: {note}", file=sys.stderr)
         return EXIT_REQUEUE
     except (ConfigError, NonFiniteLossError, CheckpointError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        if not getattr(err, "quiet", False):  # a lock refusal is printed by rank 0 only
+            print(f"error: {err}", file=sys.stderr)
         return 2 if isinstance(err, ConfigError) else 1
     return 0
