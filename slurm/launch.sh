@@ -16,6 +16,17 @@ fi
 
 HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}
+# Diagnostics for hangs and crashes: NCCL warnings (not its INFO flood), Python tracebacks of every thread on
+# a fatal signal, and the NCCL flight recorder: each rank keeps its last 2000 collectives and dumps them when
+# one times out, into the submit directory (the default /tmp is node-local and gone with the job).
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}
+export TORCH_NCCL_TRACE_BUFFER_SIZE=${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}
+export TORCH_NCCL_DUMP_ON_TIMEOUT=${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}
+if [[ -z "${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-}" ]]; then
+    mkdir -p "nccl-trace-${SLURM_JOB_ID}"
+    export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$PWD/nccl-trace-${SLURM_JOB_ID}/rank_"
+fi
 export WANDB_RUN_GROUP=${WANDB_RUN_GROUP:-$SLURM_JOB_NAME}
 
 # Preemption: sbatch's --signal=B:USR1@120 reaches this shell before the time limit. It is passed on to

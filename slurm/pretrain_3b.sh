@@ -12,10 +12,11 @@
 #SBATCH --time=48:00:00
 #SBATCH --signal=B:USR1@120
 #SBATCH --requeue
-#SBATCH --output=logs/%x-%j.out
+#SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
+# the log goes to the submit directory: Slurm opens --output before the script runs, so a folder the
+# script would create (logs/) does not exist yet on the first submission from a fresh clone
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
-mkdir -p logs
 RECIPE=recipes/standard_3b.yaml
 if [[ $# -gt 0 && "$1" == *.yaml ]]; then RECIPE=$1; shift; fi
 source slurm/launch.sh "$@"

@@ -2,6 +2,7 @@
 notes, orphan-free loader workers, one-line data errors."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -143,3 +144,92 @@ def test_malformed_jsonl_line_after_the_first_is_one_line_naming_file_and_line(t
         f"error: {source}: line 31 is not JSON (Invalid control character at column 18); "
         "expected one JSON object per line"
     )
+
+
+# -- 7: Slurm scripts, once-per-job data notes, torchrun and SIGUSR1 --------------------------------------
+
+
+def test_sbatch_output_goes_to_a_folder_a_fresh_clone_has():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    folders = {str(Path(p).parent) for p in tracked.splitlines()}
+    scripts = sorted((REPO / "slurm").glob("*.sh"))
+    outputs = [(s.name, line.split("=", 1)[1].strip()) for s in scripts for line in s.read_text().splitlines()
+               if line.startswith("#SBATCH --output=")]  # fmt: skip
+    assert {name for name, _ in outputs} >= {"pretrain_1b.sh", "pretrain_3b.sh", "eval.sh", "bench_tp.sh"}
+    for name, path in outputs:  # Slurm opens this file before the script runs: its folder must exist already
+        assert str(Path(path).parent) in folders, f"{name}: --output={path}"
+
+
+def test_launcher_sets_diagnostics_and_forwards_sigusr1(tmp_path):
+    (tmp_path / "bin").mkdir()
+    shutil.copytree(REPO / "slurm", tmp_path / "slurm")
+    fake_srun = f'#!/bin/bash\nenv > {tmp_path}/srun.env\necho "$@" > {tmp_path}/srun.args\n'
+    for name, body in (("srun", fake_srun), ("scontrol", "#!/bin/bash\necho node001\n")):
+        (tmp_path / "bin" / name).write_text(body)
+        (tmp_path / "bin" / name).chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "4242",
+           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_JOB_NAME": "ladder-3b"}  # fmt: skip
+    done = subprocess.run(["bash", str(tmp_path / "slurm/pretrain_3b.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    seen = dict(line.split("=", 1) for line in (tmp_path / "srun.env").read_text().splitlines() if "=" in line)
+    assert seen["NCCL_DEBUG"] == "WARN" and seen["PYTHONFAULTHANDLER"] == "1"
+    assert seen["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(seen["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert seen["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == f"{tmp_path}/nccl-trace-4242/rank_"
+    assert (tmp_path / "nccl-trace-4242").is_dir()
+    args = (tmp_path / "srun.args").read_text()
+    assert "--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args and "--nnodes 2" in args
+
+
+def test_data_notes_come_from_rank_zero_once(tmp_path, monkeypatch, caplog):
+    from ladder_train.config import DataConfig
+    from ladder_train.data import build_dataloader, byte_tokenizer, load_tokenizer
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"text": "hello"}\n')
+    cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=4)
+    for rank, expected in (("3", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        caplog.clear()
+        for _ in range(2):  # the validation loader opens the source again at every validation
+            build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0)
+            load_tokenizer(cfg)
+        corpus = [r for r in caplog.records if r.getMessage().startswith(f"data: corpus = local {source}")]
+        assert len(corpus) == expected, (rank, [r.getMessage() for r in caplog.records])
+
+
+def test_readme_torchrun_commands_forward_sigusr1():
+    training = (REPO / "README.md").read_text().split("## Training", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in training.splitlines() if line.startswith("torchrun ")]
+    assert commands and all("--signals-to-handle" in c and "SIGUSR1" in c for c in commands), commands
+    assert "exit 1" in training.replace("exits 1", "exit 1") and "75" in training
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path):
+    """What the README says to expect: the rank saves and exits 75, torchrun itself exits 1."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+           "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "-m", "ladder_train.train",
+           "--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "train.max_steps=2000",
+           "train.log_every=1", "data.num_workers=0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        ranks = _children(proc.pid)
+        proc.send_signal(signal.SIGUSR1)  # to torchrun only, as srun delivers it
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, output[-2000:]
+        assert "preempted: stopped by a signal after step" in output and "exit 75 to requeue" in output
+        assert output.strip().splitlines()[-1].endswith(f"SignalException: Process {proc.pid} got signal: 10")
+        assert not [p for p in ranks if _running(p)]
+        assert any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
+    finally:
+        proc.kill()

@@ -21,7 +21,7 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 
-from .tokenizer import DataError
+from .tokenizer import DataError, note
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def local_files(source: str, split: str) -> list[Path]:
         found = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
         files = [p for p in found if p.suffix in FORMATS]
         if ignored := [p.name for p in found if p.suffix not in FORMATS]:
-            log.warning("data: %s: ignoring %d non-data files: %s", root, len(ignored), ", ".join(ignored[:5]))
+            note(log, "data: %s: ignoring %d non-data files: %s", root, len(ignored), ", ".join(ignored[:5]))
         if not files:
             raise DataError(f"data.source: {root} holds no {'/'.join(FORMATS)} files")
         named = {p: _split_of(p, root) for p in files}
@@ -190,7 +190,7 @@ def open_source(source: str, split: str, text_column: str, hub_config: str | Non
         for path in files:
             _check_utf8(path)
         stdlib = sysconfig.get_paths()["stdlib"]
-        log.warning("data: corpus = %s: %d .py files of %s (split %s), not FineWeb", source, len(files), stdlib, split)
+        note(log, "data: corpus = %s: %d .py files of %s (split %s), not FineWeb", source, len(files), stdlib, split)
         docs = datasets.load_dataset(
             "text", data_files=[str(p) for p in files], sample_by="document", split="train", streaming=True
         )
@@ -199,7 +199,7 @@ def open_source(source: str, split: str, text_column: str, hub_config: str | Non
         files = local_files(source, split)
         for path in files:
             check_file(path, text_column)
-        log.warning("data: corpus = local %s: %d %s files (split %s)", source, len(files), files[0].suffix, split)
+        note(log, "data: corpus = local %s: %d %s files (split %s)", source, len(files), files[0].suffix, split)
         docs = datasets.load_dataset(
             FORMATS[files[0].suffix], data_files=[str(p) for p in files], split="train", streaming=True
         )
@@ -216,5 +216,5 @@ def open_source(source: str, split: str, text_column: str, hub_config: str | Non
         raise DataError(
             f"data.source: '{source}' has no '{text_column}' column; columns: {', '.join(docs.column_names)}"
         )
-    log.warning("data: corpus = hub %s (config %s, split %s, %d shards)", source, hub_config, split, docs.num_shards)
+    note(log, "data: corpus = hub %s (config %s, split %s, %d shards)", source, hub_config, split, docs.num_shards)
     return docs.select_columns([text_column])

@@ -7,6 +7,7 @@ Every tokenizer here has ``<|endoftext|>``: it is appended after each document (
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -21,6 +22,21 @@ BYTE_TOKENIZER = "byte"  # data.tokenizer value of the built-in byte-level token
 
 class DataError(ConfigError):
     """A data source or tokenizer that cannot be used; the message is one line naming the file or key."""
+
+
+_noted: set[str] = set()
+
+
+def note(logger: logging.Logger, message: str, *args) -> None:
+    """A warning about the data setup (which corpus, which tokenizer) once per job, not once per rank (128
+    lines at 16 x 8): global rank 0 only (RANK unset = one process), and each distinct line once per process
+    (the validation loader opens its source again at every validation)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    text = message % args if args else message
+    if text not in _noted:
+        _noted.add(text)
+        logger.warning(text)
 
 
 def _byte_to_char() -> list[str]:
@@ -84,13 +100,13 @@ def load_tokenizer(data_cfg) -> Tokenizer:
     name = str(data_cfg.tokenizer)
     if name == BYTE_TOKENIZER:
         tokenizer = byte_tokenizer()
-        log.warning("data: tokenizer = built-in byte-level tokenizer (257 tokens, <|endoftext|> = 0), not StarCoder")
+        note(log, "data: tokenizer = built-in byte-level tokenizer (257 tokens, <|endoftext|> = 0), not StarCoder")
     elif _looks_like_path(name):
         tokenizer = _from_file(Path(name).expanduser())
-        log.warning("data: tokenizer = local file %s (%d tokens)", name, tokenizer.get_vocab_size())
+        note(log, "data: tokenizer = local file %s (%d tokens)", name, tokenizer.get_vocab_size())
     else:
         tokenizer = _from_hub(name)
-        log.warning("data: tokenizer = hub %s (%d tokens)", name, tokenizer.get_vocab_size())
+        note(log, "data: tokenizer = hub %s (%d tokens)", name, tokenizer.get_vocab_size())
     eos_id(tokenizer, where=name)  # fail now, not in a worker
     return tokenizer
 
