@@ -198,6 +198,8 @@ def plot(rows: list[dict], path: str):
             label=f"{layout} - {model}, {gpu} {link}, TP {tp}",
         )
     ax.set_xscale("log", base=2)
+    batches = sorted({r["batch"] for r in rows})
+    ax.set_xticks(batches, [str(b) for b in batches])
     ax.set_xlabel("batch size")
     ax.set_ylabel("tokens/s over standard")
     ax.set_title("PREDICTED speedup over standard (ladder-predict, a model, not a measurement)", fontsize=9)

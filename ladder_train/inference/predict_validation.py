@@ -40,6 +40,7 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=3, help="ladder-bench measured runs per case (medians)")
     p.add_argument("--cases", default=",".join(CASES), help=f"a subset of {', '.join(CASES)}")
     p.add_argument("--skip-calibrate", action="store_true", help="reuse OUT_DIR/cpu.yaml")
+    p.add_argument("--skip-bench", action="store_true", help="reuse OUT_DIR/bench.jsonl (compare only)")
     opts = p.parse_args(argv)
     cases = [c for c in opts.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
@@ -48,24 +49,27 @@ def main(argv=None):
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     profile, bench = out / "cpu.yaml", out / "bench.jsonl"
-    if opts.skip_calibrate and not profile.is_file():
-        raise SystemExit(f"{PROG}: --skip-calibrate but {profile} does not exist")
+    for skip, path in ((opts.skip_calibrate, profile), (opts.skip_bench, bench)):
+        if skip and not path.is_file():
+            raise SystemExit(f"{PROG}: {path} does not exist (asked to reuse it)")
     if not opts.skip_calibrate:
         from .calibrate import main as calibrate
 
         calibrate(["--out", str(profile)])
-    bench.unlink(missing_ok=True)  # ladder-bench appends: start from this run's rows only
-    for name in cases:
+    if not opts.skip_bench:
+        bench.unlink(missing_ok=True)  # ladder-bench appends: start from this run's rows only
+    for name in cases if not opts.skip_bench else []:
         fields, batch, prompt, gen, xs = CASES[name]
         for x in (0, *xs):
             print(f"\n{PROG}: {name}, X = {x} ms", flush=True)
             subprocess.run(bench_command(fields, batch, prompt, gen, x, opts.runs, bench), check=True)
-    with open(out / "compare.txt", "w") as f:
-        result = subprocess.run(
-            [sys.executable, "-m", "ladder_train.inference.predict", "--compare", str(bench), "--profile", str(profile)],
-            check=True, capture_output=True, text=True,
-        )  # fmt: skip
-        f.write(result.stdout)
+    result = subprocess.run(
+        [sys.executable, "-m", "ladder_train.inference.predict", "--compare", str(bench), "--profile", str(profile)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if result.returncode:
+        raise SystemExit(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"{PROG}: compare failed")
+    (out / "compare.txt").write_text(result.stdout)
     print(result.stdout)
     print(f"{PROG}: wrote {profile}, {bench} and {out / 'compare.txt'}")
     return 0
