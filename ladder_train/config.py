@@ -272,7 +272,9 @@ def _check_values(cfg: Config) -> None:
     if cfg.data.shuffle_buffer < 0:
         raise ConfigError(f"key 'data.shuffle_buffer' must be >= 0 (0 = no shuffling), got {cfg.data.shuffle_buffer}")
     if cfg.parallel.timeout_s <= 0:
-        raise ConfigError(f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}")
+        raise ConfigError(
+            f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}"
+        )
     if t.micro_batch_size <= 0 or t.global_batch_size <= 0:
         raise ConfigError("keys 'train.global_batch_size' and 'train.micro_batch_size' must be positive")
     if t.global_batch_size % t.micro_batch_size:

@@ -13,7 +13,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import ConfigError, ParallelConfig
 
-
 _timeout: timedelta | None = None  # the default group's timeout, given to the mesh's subgroups too
 
 
