@@ -13,6 +13,7 @@ Every figure it gives is a PREDICTION, not a measurement. Three parts:
   runs at (1 - interference) speed: NCCL's kernels hold SMs, gloo's threads hold the CPU cores the ranks
   compute on. Nothing about overlap is a formula: the ladder's exposed last all-reduce, two all-reduces in
   flight and the prefill all come out of the simulation.
+
 Model shapes (presets, the paper's Llama sizes, a ``config.json``) are in ``perfshapes.py``.
 """
 
@@ -59,7 +60,7 @@ class Device:
     overheads: dict[str, float] | None = None
 
 
-def comm_parts(link: Link, nbytes: float, tp: int, device: Device) -> float:
+def comm_parts(link: Link, nbytes: float, tp: int) -> float:
     """Seconds of one all-reduce of ``nbytes`` over ``tp`` ranks on ``link``."""
     if tp == 1:
         return 0.0
@@ -75,13 +76,13 @@ def allreduce_s(link: Link, nbytes: float, tp: int, device: Device) -> float:
     1/g slice between nodes, all-gather in the node (the two intra-node halves make one intra all-reduce)."""
     g = device.gpus_per_node
     if tp <= g:
-        return comm_parts(link, nbytes, tp, device)
+        return comm_parts(link, nbytes, tp)
     if device.inter_node is None or tp % g:
         raise InputError(
             f"{device.name}: TP {tp} spans nodes but the profile has no inter_node link (or {g} does not divide it)"
         )
     inter = device.links[device.inter_node]
-    return comm_parts(link, nbytes, g, device) + comm_parts(inter, nbytes / g, tp // g, device)
+    return comm_parts(link, nbytes, g) + comm_parts(inter, nbytes / g, tp // g)
 
 
 # ------------------------------------------------------------------------------------------------- costs
@@ -158,7 +159,9 @@ def module_kernels(
     mlp += fixed("mlp_misc", 3 * T * shape.ffn_dim // tp * b) + [_gemm(T, shape.ffn_dim // tp, d, b)] + add
     parallel = list(norm) + attn[len(norm) :] + mlp[len(norm) :]  # one shared norm, one add of both
     logits = T * shape.vocab_size
-    head = list(norm) + [_gemm(T, d, shape.vocab_size, b), Kernel(0.0, logits * (b + 4))]
+    head = list(norm) + [_gemm(T, d, shape.vocab_size, b)]
+    if b != 4:  # the fp32 cast of the logits (a no-op for an fp32 model)
+        head.append(Kernel(0.0, logits * (b + 4)))
     head.append(Kernel(0.0, batch * shape.vocab_size * 4))  # argmax over the last position
     return {"attention": attn, "mlp": mlp, "parallel": parallel, "embed": [Kernel(0.0, 2 * act)], "head": head}
 
