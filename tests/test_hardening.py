@@ -233,3 +233,35 @@ def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path):
         assert any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
     finally:
         proc.kill()
+
+
+# -- 11: dependencies declare what the code imports, at versions that have the APIs used -----------------
+
+
+def test_every_third_party_import_is_declared_with_a_sufficient_floor():
+    import ast
+    import importlib.metadata as md
+    import re
+    import tomllib
+
+    declared = {}
+    for spec in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name, floor = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", spec).groups()
+        declared[re.sub(r"[-_.]+", "-", name).lower()] = tuple(int(x) for x in floor.split("."))
+    modules = set()
+    for path in (REPO / "ladder_train").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    owners = md.packages_distributions()
+    optional = {"transformers", "wandb"}  # dev extra / imported lazily with a fallback
+    missing = []
+    for module in sorted(modules - set(sys.stdlib_module_names) - {"ladder_train"}):
+        dists = {re.sub(r"[-_.]+", "-", d).lower() for d in owners.get(module, [module])}
+        if not dists & (set(declared) | optional):
+            missing.append(f"{module} ({', '.join(sorted(dists))})")
+    assert not missing, f"imported but not in pyproject dependencies: {missing}"
+    assert declared["torch"] >= (2, 9)  # torchrun --signals-to-handle, used by slurm/launch.sh
+    assert declared["lm-eval"] >= (0, 4, 12)  # TaskManager.task_index entries with .cfg
