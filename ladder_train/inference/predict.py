@@ -248,9 +248,14 @@ def compare(bench: list[dict], device, link: str | None = None) -> tuple[list[di
     relative errors pred / measured - 1. Returns the per-row results and the mean absolute errors."""
     cache: dict[tuple, dict] = {}
     out = []
+    # every row's shape and layout is checked before any prediction
+    shapes = [
+        shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r["_where"]) for r in bench
+    ]
     for row in bench:
-        args = row["model_args"]
-        shape = shape_from_fields(row.get("shape") or row.get("model", "bench"), args, True, row["_where"])
+        if row["layout"] not in LAYOUTS:
+            raise InputError(f"{row['_where']}: layout {row['layout']!r} is not one of {', '.join(LAYOUTS)}")
+    for row, shape in zip(bench, shapes, strict=True):
         x = row.get("emulated_link_latency_ms") or 0.0
         bw = row.get("link_bandwidth_gbs")
         emulated = Emulated(x / 1e3, bw * 1e9 if bw else None) if x or bw else None
