@@ -43,10 +43,22 @@ def train(run_dir: Path, *extra: str, env=None) -> subprocess.CompletedProcess:
     )
 
 
-def export(checkpoint: Path, out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "ladder_train.export", str(checkpoint), str(out)], env=ENV, capture_output=True, text=True
-    )
+class Exported:
+    def __init__(self, returncode: int, stderr: str):
+        self.returncode, self.stderr = returncode, stderr
+
+
+@pytest.fixture
+def export(capsys):
+    """ladder-export's main in this process (a subprocess would add ~8 s of imports per call)."""
+    from ladder_train.export import main
+
+    def run(checkpoint: Path, out: Path) -> Exported:
+        capsys.readouterr()
+        code = main([str(checkpoint), str(out)])
+        return Exported(code, capsys.readouterr().err)
+
+    return run
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -121,7 +133,7 @@ def add_manifest(folder: Path) -> None:
     _write_manifest(folder)  # the attacker can write matching checksums too
 
 
-def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path):
+def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, export):
     run_dir = copy_run(smoke_run, tmp_path)
     good = run_dir / "checkpoints" / "step-4"
     marker = tmp_path / "pwned"
@@ -243,7 +255,7 @@ def flip_bit(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, tmp_path):
+def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, tmp_path, export):
     run_dir = copy_run(smoke_run, tmp_path)
     step2, step4 = run_dir / "checkpoints" / "step-2", run_dir / "checkpoints" / "step-4"
     manifest = json.loads((step4 / MANIFEST).read_text())["files"]
@@ -275,7 +287,7 @@ def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, t
     assert result.returncode == 0, result.stderr
 
 
-def test_truncated_file_without_manifest_gives_one_line(smoke_run, tmp_path):
+def test_truncated_file_without_manifest_gives_one_line(smoke_run, tmp_path, export):
     run_dir = copy_run(smoke_run, tmp_path)
     step2, step4 = run_dir / "checkpoints" / "step-2", run_dir / "checkpoints" / "step-4"
     (step4 / MANIFEST).unlink()  # as a checkpoint from before checksums
@@ -331,7 +343,7 @@ def test_two_process_resume_keeps_the_wandb_id(tmp_path):
 # 9c. ladder-export on a missing folder -------------------------------------------------------------------------
 
 
-def test_export_of_a_missing_folder_says_so(tmp_path):
+def test_export_of_a_missing_folder_says_so(tmp_path, export):
     result = export(tmp_path / "runs" / "x" / "checkpoints" / "step-9", tmp_path / "out")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
