@@ -255,7 +255,7 @@ def flip_bit(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, tmp_path, export):
+def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, tmp_path, export, capsys):
     run_dir = copy_run(smoke_run, tmp_path)
     step2, step4 = run_dir / "checkpoints" / "step-2", run_dir / "checkpoints" / "step-4"
     manifest = json.loads((step4 / MANIFEST).read_text())["files"]
@@ -275,7 +275,12 @@ def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, t
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert error_lines(result.stderr) == [expected]
 
-    # the TP loader (ladder-bench, ladder-generate) checks the same way
+    # so do ladder-eval and the TP loader (ladder-bench, ladder-generate)
+    from ladder_train.evaluation.cli import main as eval_main
+
+    capsys.readouterr()
+    assert eval_main([str(step4), "--tasks", "arc_easy_local"]) == 2
+    assert capsys.readouterr().err == f"ladder-eval: {expected}\n"
     from ladder_train.inference.tp import load_tp_model
 
     with pytest.raises(CheckpointError) as err:

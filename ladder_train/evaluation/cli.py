@@ -142,9 +142,11 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..checkpoint import CheckpointError
+
     try:
         return run(argv)
-    except EvalError as err:
+    except (EvalError, CheckpointError) as err:  # a damaged training checkpoint is named in one line too
         print(f"ladder-eval: error: {err}", file=sys.stderr)
         return 2
 
