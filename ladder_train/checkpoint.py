@@ -115,12 +115,16 @@ class _DataOnlyPlanner(DefaultLoadPlanner):
     entry (DCP wraps each one in torch.save) may hold plain types and a BytesIO only."""
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        with torch.serialization.safe_globals([io.BytesIO]):
-            obj = torch.load(value, weights_only=True)
+        fqn = read_item.dest_index.fqn
+        try:
+            with torch.serialization.safe_globals([io.BytesIO]):
+                obj = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as err:
+            raise pickle.UnpicklingError(f"[entry {fqn}] {_first_line(err)}") from None
         if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+            self.state_dict[fqn] = obj
 
 
 def _metadata_global(module: str, name: str):
@@ -198,7 +202,7 @@ def _failure(path: Path, what: str) -> CheckpointError:
 def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     # torch's weights_only refusal is a page of advice; the line that matters names the global
-    named = [line.strip() for line in lines if "Unsupported global" in line]
+    named = [line.strip().split(" Please use")[0] for line in lines if "Unsupported global" in line]
     text = named[0] if named else (lines[0] if lines else "")
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
@@ -211,6 +215,10 @@ def _describe(err: BaseException, entry: str = "an entry") -> str:
     if isinstance(err, _RefusedObject):
         return f"refused to read it: {err}"
     if isinstance(err, pickle.UnpicklingError):
+        text = str(err)
+        if text.startswith("[entry "):  # from _DataOnlyPlanner: the entry is named, the cause is one line
+            name, _, text = text[len("[entry ") :].partition("] ")
+            return f"refused to read it: the {name} entry holds more than plain data and tensors ({text})"
         return f"refused to read it: {entry} holds more than plain data and tensors ({_first_line(err)})"
     return f"cannot be read ({_first_line(err)})"
 
