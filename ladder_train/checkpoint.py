@@ -439,6 +439,8 @@ class Checkpointer:
         """``checkpoint.load`` if set, else the newest complete checkpoint of this run (or None)."""
         if self.cfg.load:
             path = Path(self.cfg.load)
+            if not path.is_dir():
+                raise CheckpointError(f"checkpoint.load={path}: no such folder")
             if not (path / COMPLETE_MARKER).is_file():
                 raise CheckpointError(
                     f"checkpoint.load={path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)"

@@ -253,6 +253,41 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
         first.wait()
 
 
+def construct_trainer(run_dir: str):
+    """Build a Trainer on ``run_dir`` in each rank; returns what stopped it."""
+    import torch.distributed as dist
+
+    from ladder_train.checkpoint import RunDirLocked
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    env = init_distributed()
+    cfg = load_config(None, [f"run.dir={run_dir}", "model.preset=tiny", "data.seq_len=16", "wandb.mode=disabled"])
+    try:
+        Trainer(cfg, env, batches=[])
+        return None
+    except RunDirLocked as err:
+        return (str(err), err.quiet)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_of_a_second_trainer_stops_and_only_rank_0_speaks(tmp_path):
+    from dist_utils import run_ranks
+
+    from ladder_train.checkpoint import lock_run_dir
+
+    holder = lock_run_dir(tmp_path)  # this process plays the first trainer
+    try:
+        results = run_ranks(construct_trainer, 2, str(tmp_path))
+    finally:
+        holder.close()
+    message = f"run.dir={tmp_path} is in use by another trainer (host {os.uname().nodename}, pid {os.getpid()}, since "
+    assert [r[0].startswith(message) for r in results] == [True, True], results
+    assert [r[1] for r in results] == [False, True]  # rank 1 raises quietly: one line in all
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "checkpoints").exists()
+
+
 # 4. checksums --------------------------------------------------------------------------------------------
 
 
@@ -361,3 +396,12 @@ def test_export_of_a_missing_folder_says_so(tmp_path, export):
     assert result.stderr.splitlines() == [
         f"error: {tmp_path / 'runs' / 'x' / 'checkpoints' / 'step-9'}: no such folder"
     ]
+
+
+def test_checkpoint_load_of_a_missing_folder_says_so(tmp_path):
+    from ladder_train.checkpoint import Checkpointer
+
+    missing = tmp_path / "runs" / "x" / "checkpoints" / "step-9"
+    cfg = load_config(None, [f"checkpoint.load={missing}"])
+    with pytest.raises(CheckpointError, match=f"^checkpoint.load={missing}: no such folder$"):
+        Checkpointer(cfg.checkpoint, tmp_path, rank=0, world_size=1).resume_path()
