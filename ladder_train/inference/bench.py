@@ -4,11 +4,17 @@
     torchrun --nproc-per-node 8 -m ladder_train.inference.bench --model 3.5B-32h --out results.jsonl
 
 Without torchrun, ``--tp N`` spawns its N ranks itself (gloo on the CPU, one thread each). For every
-layout and batch size it measures a generation (prefill + decode) with the real all-reduces and again
-with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports medians
-over the measured runs, the speedup over standard, the communication share 1 - t(none)/t(standard) and
-the overlap efficiency (t(standard) - t(layout)) / min(t(standard) - t(none), t(none)) of the decode
-step (DESIGN.md, "Inference benchmark protocol"). ``--link-latency-ms X`` emulates a slow interconnect.
+layout and batch size it measures a greedy generation (prefill + decode) with the real all-reduces and
+again with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports
+medians over the measured runs: the speedup over standard in the paper's terms (end-to-end tokens/s,
+batch x new tokens / wall time, prefill included) and, beside it, the decode-step speedup; the
+communication share 1 - t(none)/t(standard) and the overlap efficiency
+(t(standard) - t(layout)) / min(t(standard) - t(none), t(none)) of the decode step (docs/benchmarks.md).
+
+``--link-latency-ms X [--link-bandwidth-gbs B]`` emulates a slow interconnect as one serialised link per
+TP group, as one NCCL stream is: an all-reduce issued at t starts at max(t, end of the previous one) and
+occupies the link X ms + bytes / B; its wait returns no earlier than that end. Eager runs only (host
+sleeps), so it needs ``--compile off``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch.distributed as dist
 
 from ..model import RESIDUAL_LAYOUTS, ModelArgs
 from .generate import Generator
-from .tp import TPCommunicator, check_tp_degree, comm_mode_for, load_tp_model, resolve_args
+from .tp import TPCommunicator, check_tp_degree, comm_mode_for, load_tp_model, make_communicator, resolve_args
 
 RECORDED_ENV = (
     "NCCL_P2P_DISABLE",
@@ -57,10 +63,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=1024)
     p.add_argument("--gen-len", type=int, default=512)
     p.add_argument("--tp", type=int, default=None, help="TP degree; under torchrun the world size")
-    p.add_argument("--link-latency-ms", type=float, default=0.0, help="emulated extra all-reduce latency")
+    p.add_argument(
+        "--link-latency-ms",
+        type=float,
+        default=0.0,
+        help="emulated link: each all-reduce occupies one serialised link for X ms (+ bytes / bandwidth), "
+        "starting when issued and the previous one has finished",
+    )
+    p.add_argument(
+        "--link-bandwidth-gbs", type=float, default=None, help="emulated link bandwidth in GB/s (default: infinite)"
+    )
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="auto: on with CUDA")
+    p.add_argument(
+        "--compile-backend", default="inductor", help="torch.compile backend (inductor; aot_eager compiles faster)"
+    )
     p.add_argument("--no-ceiling", action="store_true", help="skip the comm: none measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON lines results file (appended)")
@@ -99,6 +117,12 @@ def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
     _int_list("--batch-sizes", opts.batch_sizes)
     if opts.gen_len < 2 or opts.prompt_len < 1 or opts.runs < 1 or opts.warmup < 0:
         raise SystemExit("ladder-bench: need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
+    if opts.link_latency_ms < 0 or (opts.link_bandwidth_gbs is not None and opts.link_bandwidth_gbs <= 0):
+        raise SystemExit("ladder-bench: --link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
+    if opts.compile == "on" and emulated_link(opts):
+        raise SystemExit("ladder-bench: the emulated link sleeps on the host and needs --compile off")
+    if opts.compile == "on" and opts.warmup < 1:
+        raise SystemExit("ladder-bench: --compile on needs --warmup >= 1 (the first run compiles)")
     overrides = _overrides(opts.set)
     pairs = []
     for source in [m for m in opts.model.split(",") if m]:
@@ -113,11 +137,15 @@ def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
     return pairs
 
 
+def emulated_link(opts: argparse.Namespace) -> bool:
+    return bool(opts.link_latency_ms or opts.link_bandwidth_gbs)
+
+
 def _is_saved_model(source: str) -> bool:
     return os.path.isdir(source)
 
 
-def environment(device: torch.device, tp: int, link_latency_ms: float, compiled: bool, dtype) -> dict:
+def environment(device: torch.device, tp: int, opts: argparse.Namespace, compiled: bool, dtype) -> dict:
     nccl = None
     if device.type == "cuda":
         version = torch.cuda.nccl.version()
@@ -132,7 +160,10 @@ def environment(device: torch.device, tp: int, link_latency_ms: float, compiled:
         "tp": tp,
         "dtype": str(dtype).removeprefix("torch."),
         "compiled": compiled,
-        "emulated_link_latency_ms": link_latency_ms,
+        "compile_backend": opts.compile_backend if compiled else None,
+        "emulated_link_latency_ms": opts.link_latency_ms,
+        "link_bandwidth_gbs": opts.link_bandwidth_gbs,
+        "link": "emulated serialised" if emulated_link(opts) else ("gloo" if device.type == "cpu" else "nccl"),
         "date": datetime.date.today().isoformat(),
     }
 
@@ -142,9 +173,11 @@ def _sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def time_generation(gen: Generator, prompt: torch.Tensor, gen_len: int, group) -> tuple[float, float, float]:
-    """One generation: seconds of prefill, seconds per decode step, total seconds. The cache is released
-    afterwards, so models measured in turn never hold their caches at the same time."""
+def time_generation(
+    gen: Generator, prompt: torch.Tensor, gen_len: int, group
+) -> tuple[tuple[float, float, float], torch.Tensor]:
+    """One greedy generation: (seconds of prefill, seconds per decode step, total seconds) and the tokens.
+    The cache is released afterwards, so models measured in turn never hold their caches at once."""
     device = prompt.device
     marks = {}
 
@@ -156,11 +189,16 @@ def time_generation(gen: Generator, prompt: torch.Tensor, gen_len: int, group) -
         dist.barrier(group)
     _sync(device)
     start = time.perf_counter()
-    gen.generate(prompt, gen_len, on_prefill_done=prefill_done)
+    tokens = gen.generate(prompt, gen_len, on_prefill_done=prefill_done)
     _sync(device)
     end = time.perf_counter()
     gen.release()
-    return marks["prefill"] - start, (end - marks["prefill"]) / (gen_len - 1), end - start  # token 1: prefill
+    if tokens.shape != (prompt.shape[0], gen_len):  # the work that was timed was really done
+        raise RuntimeError(
+            f"ladder-bench: generated {tuple(tokens.shape)} tokens, expected {(prompt.shape[0], gen_len)}"
+        )
+    # token 1 comes from the prefill
+    return (marks["prefill"] - start, (end - marks["prefill"]) / (gen_len - 1), end - start), tokens
 
 
 def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: int) -> dict:
@@ -172,6 +210,25 @@ def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: in
     }
 
 
+def _kernel_ms(fn, device: torch.device, reps: int) -> float:
+    """Median milliseconds of ``fn`` after 2 warm-up calls: CUDA events on a GPU (the kernels' own time on
+    the stream, not the host's launch time), host timers on the CPU, where the work is synchronous."""
+    samples = []
+    for _ in range(reps + 2):
+        if device.type == "cuda":
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            finish.record()
+            finish.synchronize()
+            samples.append(begin.elapsed_time(finish))
+        else:
+            start = time.perf_counter()
+            fn()
+            samples.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(samples[2:])
+
+
 @torch.no_grad()
 def module_times_ms(model, batch: int, pos: int, device, dtype, reps: int = 20) -> dict:
     """One decode step's compute for the attention and the MLP of layer 0 on this rank (no communication)."""
@@ -179,16 +236,10 @@ def module_times_ms(model, batch: int, pos: int, device, dtype, reps: int = 20) 
     model.setup_kv_cache(batch, pos + 1)  # attention reads a cache of ``pos`` keys, as in a decode step
     x = torch.randn(batch, 1, model.args.dim, device=device, dtype=dtype)
     cos, sin = model.rope_cos[pos : pos + 1], model.rope_sin[pos : pos + 1]
-    out = {}
-    for name, fn in (("attention", lambda: layer.attention(x, cos, sin, pos)), ("mlp", lambda: layer.mlp(x))):
-        samples = []
-        for _ in range(reps + 2):
-            _sync(device)
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            samples.append(time.perf_counter() - start)
-        out[name] = 1e3 * statistics.median(samples[2:])
+    out = {
+        "attention": _kernel_ms(lambda: layer.attention(x, cos, sin, pos), device, reps),
+        "mlp": _kernel_ms(lambda: layer.mlp(x), device, reps),
+    }
     model.clear_kv_cache()
     return out
 
@@ -214,36 +265,40 @@ def derive(rows: list[dict]) -> None:
 
 
 def latency_note(link_latency_ms: float, module_ms: dict) -> str:
-    """How the emulated latency X compares with one module's decode compute, which decides what overlap
-    can hide: below it, each all-reduce can vanish behind the next module; above it, only one module's
-    compute per all-reduce is hidden, and since the ladder keeps two in flight whose pure delays also
-    overlap each other, its efficiency can exceed 100 %."""
+    """How the emulated latency X compares with one module's decode compute c, which decides what overlap
+    can hide: below it, each all-reduce can vanish behind the next module; above it, the serialised link
+    is the bottleneck (busy X per all-reduce, back to back), so the ladder's decode speedup is bounded
+    near (c + X) / X = 1 + c / X."""
     shortest = min(module_ms.values())
     ratio = link_latency_ms / shortest
     times = ", ".join(f"{k} {v:.2f} ms" for k, v in module_ms.items())
     if ratio <= 1:
         return f"Emulated X = {link_latency_ms:g} ms is {ratio:.2f}x the shorter module's decode compute ({times}): overlap can hide it all"
+    bound = 1 + statistics.mean(module_ms.values()) / link_latency_ms
     return (
         f"Emulated X = {link_latency_ms:g} ms is {ratio:.1f}x the shorter module's decode compute ({times}): "
-        "only one module's compute per all-reduce can hide it, and efficiencies above 100 % are the emulation's "
-        "overlapping delays"
+        f"the serialised link is the bottleneck, so the ladder's decode speedup is bounded near 1 + c/X = {bound:.2f}x"
     )
 
 
 def print_table(rows: list[dict], env: dict):
     emulated = env["emulated_link_latency_ms"]
+    bandwidth = env.get("link_bandwidth_gbs")
     print(
         f"\nladder-bench: {env['device']}, TP={env['tp']}, {env['backend']}, {env['dtype']}, "
         f"torch {env['torch']}, compiled={env['compiled']}"
+        + (f" ({env['compile_backend']}, {env['compilations']} compilations)" if env["compiled"] else "")
         + (
-            f", EMULATED link latency {emulated} ms per all-reduce (an emulation, not real hardware)"
-            if emulated
+            f", EMULATED serialised link: {emulated} ms per all-reduce"
+            + (f" + bytes / {bandwidth} GB/s" if bandwidth else "")
+            + " (an emulation, not real hardware)"
+            if env["link"].startswith("emulated")
             else ""
         )
     )
     head = (
         f"{'model':<14}{'layout':<10}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'tok/s':>10}"
-        f"{'speedup':>9}{'no-comm ms/tok':>16}{'ceiling':>9}{'comm share':>12}{'overlap eff':>13}"
+        f"{'speedup':>9}{'decode':>8}{'no-comm ms/tok':>16}{'ceiling':>9}{'comm share':>12}{'overlap eff':>13}"
     )
     print(head + "\n" + "-" * len(head))
 
@@ -254,7 +309,8 @@ def print_table(rows: list[dict], env: dict):
         none = r.get("none", {})
         print(
             f"{r['model'][-14:]:<14}{r['layout']:<10}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms_per_token']:>15.3f}"
-            f"{r['tokens_per_s']:>10.1f}{fmt(r.get('decode_speedup_vs_standard'), '.2f', 8)}x"
+            f"{r['tokens_per_s']:>10.1f}{fmt(r.get('speedup_vs_standard'), '.2f', 8)}x"
+            f"{fmt(r.get('decode_speedup_vs_standard'), '.2f', 7)}x"
             f"{fmt(none.get('decode_ms_per_token'), '.3f', 16)}{fmt(r.get('ceiling_decode_speedup_vs_standard'), '.2f', 8)}x"
             f"{fmt(r.get('comm_share'), '.1%', 12)}{fmt(r.get('overlap_efficiency'), '.1%', 13)}"
         )
@@ -267,7 +323,8 @@ def print_table(rows: list[dict], env: dict):
         if emulated:
             print(f"{model}: {latency_note(emulated, times)}")
     print(
-        "speedup/ceiling: decode ms/tok of standard / of this row; overlap eff = (t_std - t) / min(t_std - t_none, t_none)"
+        "speedup: end-to-end tokens/s (prefill included, the paper's definition) over standard's; decode, ceiling: "
+        "decode ms/tok of standard / of this row; overlap eff (decode) = (t_std - t) / min(t_std - t_none, t_none)"
     )
 
 
@@ -282,43 +339,53 @@ def run_rank(opts: argparse.Namespace):
     else:
         torch.set_num_threads(1 if world > 1 else torch.get_num_threads())
     dtype = torch.bfloat16 if cuda else torch.float32
-    compiled = opts.compile == "on" or (opts.compile == "auto" and cuda)
-    if compiled and opts.link_latency_ms:
-        raise SystemExit("ladder-bench: --link-latency-ms sleeps on the host and needs --compile off")
+    compiled = opts.compile == "on" or (opts.compile == "auto" and cuda and not emulated_link(opts))
     group = None
     if world > 1:
         dist.init_process_group(
             "nccl" if cuda else "gloo", rank=rank, world_size=world, device_id=device if cuda else None
         )
         group = dist.group.WORLD
-    env = environment(device, world, opts.link_latency_ms, compiled, dtype)
+    env = environment(device, world, opts, compiled, dtype)
     overrides = _overrides(opts.set)
+    batch_sizes = _int_list("--batch-sizes", opts.batch_sizes)
     rows = []
     try:
         entries = []  # one sharded model per (source, layout), measured in turn
         for source, layout in plan(opts, world):
             preset_overrides = {} if _is_saved_model(source) else {**overrides, "residual": layout}
             model = load_tp_model(source, rank, world, device, dtype, seed=opts.seed, **preset_overrides)
-            comms = {"real": TPCommunicator(comm_mode_for(layout), group, opts.link_latency_ms) if group else None}
-            if group is not None and not opts.no_ceiling:
-                comms["none"] = TPCommunicator("none", group)
-            entries.append((source, layout, model, Generator(model, group, compile=compiled), comms))
-        for batch in _int_list("--batch-sizes", opts.batch_sizes):
+            comms = {"real": None}
+            if group is not None:
+                link = (opts.link_latency_ms, opts.link_bandwidth_gbs)
+                comms["real"] = make_communicator(comm_mode_for(layout), group, *link)
+                if not opts.no_ceiling:
+                    comms["none"] = TPCommunicator("none", group)
+            gen = Generator(model, group, compile=compiled, backend=opts.compile_backend)
+            entries.append((source, layout, model, gen, comms))
+        if compiled:
+            cases = sum(len(comms) for *_, comms in entries) * len(batch_sizes)
+            allow_recompiles(cases)
+            compiled_before = compilations()
+        for batch in batch_sizes:
             torch.manual_seed(opts.seed)
             prompt = torch.randint(0, entries[0][2].args.vocab_size, (batch, opts.prompt_len), device=device)
             samples = {}
             # round robin: every run index measures every layout and comm mode back to back, so slow drifts
             # of a shared machine hit all of them alike
+            tokens = {}
             for run in range(opts.warmup + opts.runs):
                 for index, (_, _, model, gen, comms) in enumerate(entries):
                     for comm_name, comm in comms.items():
                         if comm is not None:
                             model.set_communicator(comm)
-                        sample_ = time_generation(gen, prompt, opts.gen_len, group)
+                        sample_, tokens[index, comm_name] = time_generation(gen, prompt, opts.gen_len, group)
                         if run >= opts.warmup:
                             samples.setdefault((index, comm_name), []).append(sample_)
+            check_tokens_agree(tokens, group)
             for index, (source, layout, model, _, comms) in enumerate(entries):
                 row = {"model": source, "shape": _shape(model.args), "layout": layout, "batch": batch}
+                row["model_args"] = dataclasses.asdict(model.args)
                 row.update(prompt_len=opts.prompt_len, gen_len=opts.gen_len, runs=opts.runs, warmup=opts.warmup)
                 row.update(summarize(samples[(index, "real")], batch, opts.gen_len))
                 if "none" in comms:
@@ -329,6 +396,12 @@ def run_rank(opts: argparse.Namespace):
                 row["weight_bytes_per_rank"] = weight_bytes
                 row["decode_weight_read_gb_s"] = weight_bytes / row["decode_ms_per_token"] / 1e6
                 rows.append({**row, **env})
+        if compiled:
+            # prefill + decode graph per (model, communicator, batch size); more would be a recompile per step
+            env["compilations"] = compilations() - compiled_before
+            if env["compilations"] > 2 * cases:
+                raise RuntimeError(f"ladder-bench: {env['compilations']} compilations for {cases} cases: recompiling")
+            rows = [{**row, "compilations": env["compilations"]} for row in rows]
         if rank == 0:
             derive(rows)
             print_table(rows, env)
@@ -340,6 +413,36 @@ def run_rank(opts: argparse.Namespace):
     finally:
         if group is not None:
             dist.destroy_process_group()
+
+
+def allow_recompiles(cases: int):
+    """The Generators share their step functions' code, on which dynamo counts recompilations: allow one
+    graph per (model, communicator, batch size)."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), cases))
+
+
+def compilations() -> int:
+    """Frames dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def check_tokens_agree(tokens: dict, group):
+    """Greedy decoding skips the token broadcast: check (outside the timed runs) that every rank generated
+    the same tokens with real communication, as replicated logits promise."""
+    if group is None:
+        return
+    for (index, comm_name), local in tokens.items():
+        if comm_name == "none":  # the ceiling's logits differ per rank on purpose
+            continue
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
+        if not all(torch.equal(t, gathered[0]) for t in gathered):
+            raise RuntimeError(f"ladder-bench: TP ranks generated different tokens for model {index}")
 
 
 def _shape(args: ModelArgs) -> str:

@@ -1,12 +1,16 @@
 """Generation with a static KV cache: prefill the prompt, then one-token decode steps.
 
-Works the same with or without tensor parallelism: under TP each rank holds the cache of its own heads,
-computes the full (replicated) logits, and rank 0's sampled tokens are broadcast so every rank feeds
-the same next token even where the logits differ (the ``none`` ceiling) or sampling is random.
+Works the same with or without tensor parallelism: under TP each rank holds the cache of its own heads
+and computes the full logits, which the all-reduces make identical on every rank, so greedy decoding
+needs no further communication. Random sampling broadcasts rank 0's tokens (ranks may hold different
+generator states); the ``none`` ceiling's logits differ per rank, which does not matter for its timing.
 
-On a GPU the decode step is compiled with ``torch.compile(mode="reduce-overhead")`` (CUDA graphs). It
-then passes the position as a 0-d tensor, which selects the model's static-shape path (the whole cache,
-masked), so one captured graph serves every step.
+``compile=True`` compiles the prefill and the decode step with ``fullgraph=True`` and ``dynamic=False``
+(on a GPU with ``mode="reduce-overhead"``: CUDA graphs). The decode step passes the position as a 0-d
+tensor, which selects the model's static-shape path (the whole cache, masked), so one graph serves every
+step; the prefill has one graph per prompt shape. Each Generator's graphs are specialised to its model and
+communicator (dynamo guards on them): the benchmark raises dynamo's recompile limit to its number of
+(model, communicator, batch size) cases and counts the compilations.
 """
 
 from __future__ import annotations
@@ -28,15 +32,41 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
 
 
+def inductor_options(device: torch.device) -> dict:
+    """Inductor's settings for the generation steps.
+
+    By default inductor schedules each ``wait_tensor`` right after its all-reduce, which would make the
+    ladder's asynchronous all-reduces blocking inside the compiled graph; the ``sink_waits`` pass moves
+    every wait to just before the first use of its result, where the model's code waits, and
+    ``raise_comms`` issues every all-reduce as soon as its input exists. CUDA graphs
+    (what ``mode="reduce-overhead"`` turns on, which cannot be combined with ``options``) on a GPU only."""
+    return {
+        "triton.cudagraphs": device.type == "cuda",
+        "reorder_for_compute_comm_overlap": True,
+        "reorder_for_compute_comm_overlap_passes": ["sink_waits", "raise_comms"],
+    }
+
+
 class Generator:
     """Holds a (possibly sharded) model and its KV cache; ``generate`` returns the new tokens (B, n)."""
 
-    def __init__(self, model: Transformer, tp_group: dist.ProcessGroup | None = None, compile: bool = False):
+    def __init__(
+        self,
+        model: Transformer,
+        tp_group: dist.ProcessGroup | None = None,
+        compile: bool = False,
+        backend: str = "inductor",
+    ):
         self.model = model
         self.tp_group = tp_group
         self.compiled = compile
         self.device = model.tok_embeddings.weight.device
-        self._step = torch.compile(self._decode, mode="reduce-overhead", fullgraph=True) if compile else self._decode
+        self._prefill, self._decode = self._prefill_eager, self._decode_eager
+        if compile:
+            options = inductor_options(self.device) if backend == "inductor" else None
+            settings = dict(fullgraph=True, dynamic=False, backend=backend, options=options)
+            self._prefill = torch.compile(self._prefill_eager, **settings)
+            self._decode = torch.compile(self._decode_eager, **settings)
         self.cache_shape: tuple[int, int] | None = None
 
     def setup(self, batch: int, max_len: int):
@@ -50,19 +80,23 @@ class Generator:
         self.model.clear_kv_cache()
         self.cache_shape = None
 
-    def _decode(self, tokens: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
+    def _prefill_eager(self, prompt: torch.Tensor) -> torch.Tensor:
+        return self.model(prompt, start_pos=0)[:, -1]
+
+    def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
         return self.model(tokens, start_pos=pos)[:, -1]
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
-        return self.model(prompt, start_pos=0)[:, -1]
+        # clone: a CUDA-graph output is overwritten by the next replay
+        return self._prefill(prompt).clone() if self.compiled else self._prefill(prompt)
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """Logits after feeding ``tokens`` (B,) at position ``pos``."""
         if self.compiled:  # a tensor position keeps every step the same graph
-            return self._step(tokens[:, None], torch.tensor(pos, device=self.device)).clone()
-        return self._step(tokens[:, None], pos)
+            return self._decode(tokens[:, None], torch.tensor(pos, device=self.device)).clone()
+        return self._decode(tokens[:, None], pos)
 
     def agree(self, tokens: torch.Tensor) -> torch.Tensor:
         """Every TP rank continues with rank 0's tokens."""
@@ -90,11 +124,13 @@ class Generator:
             )
         self.setup(batch, total)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        tokens = self.agree(sample(self.prefill(prompt), temperature, top_k, generator))
+        # greedy tokens are equal on every rank already (replicated logits): broadcast only samples
+        agree = self.agree if temperature > 0 else (lambda tokens: tokens)
+        tokens = agree(sample(self.prefill(prompt), temperature, top_k, generator))
         if on_prefill_done is not None:
             on_prefill_done()
         out = [tokens]
         for pos in range(prompt_len, total - 1):
-            tokens = self.agree(sample(self.decode_step(tokens, pos), temperature, top_k, generator))
+            tokens = agree(sample(self.decode_step(tokens, pos), temperature, top_k, generator))
             out.append(tokens)
         return torch.stack(out, dim=1)

@@ -74,6 +74,11 @@ class Communicator:
     def wait(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def fence(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tensors unchanged: a point they pass together. A compiler hint only (see the TP communicator):
+        nothing that reads them afterwards may be moved before all of them have been computed."""
+        return tensors
+
 
 NO_COMM = Communicator()
 
@@ -213,14 +218,17 @@ class Block(nn.Module):
             r = r + comm.wait(comm.reduce(self.attention(n, cos, sin, start_pos) + self.mlp(n)))
             return r, None, None
         # ladder: add the previous layer's attention output, start this layer's attention, then add the
-        # previous MLP output, start this MLP; each reduction overlaps the next module's compute
+        # previous MLP output, start this MLP; each reduction overlaps the next module's compute. The
+        # fences keep the stream behind the module just computed, so a compiler moves no add (hence no
+        # wait) and no later module ahead of the compute that should hide the pending all-reduce.
         if pending_attn is not None:
             r = r + comm.wait(pending_attn)
-        attn_out = comm.reduce(self.attention(self.attention_norm(r), cos, sin, start_pos))
+        r, attn_partial = comm.fence(r, self.attention(self.attention_norm(r), cos, sin, start_pos))
+        attn_out = comm.reduce(attn_partial)
         if pending_mlp is not None:
             r = r + comm.wait(pending_mlp)
-        mlp_out = comm.reduce(self.mlp(self.mlp_norm(r)))
-        return r, attn_out, mlp_out
+        r, mlp_partial = comm.fence(r, self.mlp(self.mlp_norm(r)))
+        return r, attn_out, comm.reduce(mlp_partial)
 
 
 class Transformer(nn.Module):
