@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from ladder_train.config import load_config, save_config
+from ladder_train.inference.link_sweep import predicted_decode_ms
 from ladder_train.report import main, write_report
 
 
@@ -114,3 +115,52 @@ def test_report_names_a_broken_metrics_line(tmp_path):
         f.write("{not json\n")
     with pytest.raises(Exception, match=r"metrics.jsonl:13: not a JSON line"):
         write_report([run], tmp_path / "out")
+
+
+def sweep_row(layout, latency_ms, decode_ms, tokens_per_s):
+    args = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=64, residual=layout)
+    return {
+        "shape": "L2-d32-h4-f64-v64",
+        "model_args": {**args, "ladder_layers": None},
+        "layout": layout,
+        "batch": 8,
+        "tp": 2,
+        "emulated_link_latency_ms": latency_ms,
+        "decode_ms_per_token": decode_ms,
+        "tokens_per_s": tokens_per_s,
+        "module_ms": {"attention": 10.0, "mlp": 10.0},
+        "none": {"decode_ms_per_token": 42.0},  # 2 layers x (10 + 10) + 2 ms of head
+    }
+
+
+def test_link_sweep_prediction_is_the_serialised_timeline():
+    """Modules of 10 ms, X = 40 ms, 2 layers, 2 ms of head. Standard: 4 x (10 + 40) + 2 = 202. Parallel:
+    2 x (20 + 40) + 2 = 122. Ladder: A0 0-10 (link 10-50), M0 10-20 (link queued 50-90), A1 after a0's wait
+    50-60 (link 90-130), M1 after m0's wait 90-100 (link 130-170), both waits then the head: 172."""
+    assert predicted_decode_ms(sweep_row("standard", 0, 1, 1), 40.0) == pytest.approx(202.0)
+    assert predicted_decode_ms(sweep_row("parallel", 0, 1, 1), 40.0) == pytest.approx(122.0)
+    assert predicted_decode_ms(sweep_row("ladder", 0, 1, 1), 40.0) == pytest.approx(172.0)
+    # below a module's compute every ladder all-reduce hides but the last: 4 x 10 + 5 + 2
+    assert predicted_decode_ms(sweep_row("ladder", 0, 1, 1), 5.0) == pytest.approx(47.0)
+
+
+def test_report_of_a_link_sweep(tmp_path):
+    rows = []
+    for latency, measured in (
+        (5.0, {"standard": 62.0, "parallel": 52.0, "ladder": 48.0}),
+        (40.0, {"standard": 205.0, "parallel": 125.0, "ladder": 176.0}),
+    ):
+        for layout, decode_ms in measured.items():
+            row = sweep_row(layout, latency, decode_ms, 1000 / decode_ms)
+            row["decode_speedup_vs_standard"] = measured["standard"] / decode_ms
+            row["speedup_vs_standard"] = row["decode_speedup_vs_standard"] * 0.95
+            rows.append(row)
+    bench = tmp_path / "sweep.jsonl"
+    bench.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    run = fabricate_run(tmp_path, "r", "ladder", 1.0)
+    text = write_report([run], tmp_path / "out", [bench]).read_text()
+    lines = [[c.strip() for c in line.split("|")[1:-1]] for line in text.splitlines() if line.startswith("| 40 ")]
+    ladder = next(line for line in lines if line[2] == "ladder")
+    # X / module = 4; measured 205 / 176 = 1.16x; predicted 202 / 172 = 1.17x
+    assert ladder[:7] == ["40", "4.00", "ladder", "176.0", "1.11×", "1.16×", "1.17×"]
+    assert "](link_sweep.png)" in text and (tmp_path / "out" / "link_sweep.png").stat().st_size > 10_000
