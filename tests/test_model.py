@@ -224,3 +224,12 @@ def test_load_model_preset_and_errors():
     assert model.args.residual == "parallel" and len(model.layers) == 2
     with pytest.raises(ValueError, match="neither a model preset"):
         load_model("no-such-thing")
+
+
+@pytest.mark.parametrize("residual", ["standard", "ladder"])
+def test_last_only_logits_are_the_last_position_of_the_full_logits(residual):
+    model = build(residual)
+    with torch.no_grad():
+        full, last = model(IDS), model(IDS, last_only=True)
+    assert last.shape == (IDS.shape[0], 1, full.shape[-1])
+    torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)

@@ -81,10 +81,10 @@ class Generator:
         self.cache_shape = None
 
     def _prefill_eager(self, prompt: torch.Tensor) -> torch.Tensor:
-        return self.model(prompt, start_pos=0)[:, -1]
+        return self.model(prompt, start_pos=0, last_only=True)[:, -1]
 
     def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
-        return self.model(tokens, start_pos=pos)[:, -1]
+        return self.model(tokens, start_pos=pos, last_only=True)[:, -1]
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:

@@ -280,8 +280,12 @@ class Transformer(nn.Module):
             else:
                 nn.init.normal_(param, mean=0.0, std=std)
 
-    def forward(self, input_ids: torch.Tensor, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
-        """``start_pos`` as a 0-d tensor selects the static-shape decode path (the caller checks the length)."""
+    def forward(
+        self, input_ids: torch.Tensor, start_pos: int | torch.Tensor = 0, last_only: bool = False
+    ) -> torch.Tensor:
+        """``start_pos`` as a 0-d tensor selects the static-shape decode path (the caller checks the length).
+        ``last_only``: logits of the last position only (B, 1, vocab), as generation needs; the full fp32
+        logits of a long prompt would be batch x prompt x vocab x 4 bytes."""
         seq_len = input_ids.shape[1]
         if isinstance(start_pos, torch.Tensor):
             positions = start_pos + torch.arange(seq_len, device=input_ids.device)
@@ -300,7 +304,7 @@ class Transformer(nn.Module):
         if pending_attn is not None:  # the ladder's two last outputs join before the final norm
             comm = self.layers[-1].comm
             r = r + comm.wait(pending_attn) + comm.wait(pending_mlp)
-        h = self.norm(r)
+        h = self.norm(r[:, -1:] if last_only else r)
         # tied embeddings; logits in fp32 so the loss is computed on upcast values
         return F.linear(h, self.tok_embeddings.weight).float()
 
