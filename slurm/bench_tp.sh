@@ -9,7 +9,7 @@
 #
 # Results are appended as JSON lines to bench-tp-<jobid>.jsonl, one object per measurement, each naming
 # TP, batch, layout, NCCL_P2P_DISABLE, the GPU, torch and NCCL versions. The decode step is compiled with
-# CUDA graphs (torch.compile reduce-overhead) automatically on GPUs.
+# CUDA graphs (torch.compile, with the prefill) automatically on GPUs.
 #SBATCH --job-name=ladder-bench-tp
 #SBATCH --nodes=1
 #SBATCH --ntasks=1
