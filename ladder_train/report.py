@@ -278,7 +278,7 @@ def bench_section(rows: list[dict], out: Path) -> list[str]:
     """The TP benchmark: one table and throughput plot, or, for rows of one model at several emulated
     latencies, the link sweep beside the serialised-link model's prediction."""
     from .inference import link_sweep
-    from .inference.bench import latency_note
+    from .inference.bench_results import latency_note
 
     lines = []
     emulated = rows[0].get("emulated_link_latency_ms")

@@ -16,8 +16,8 @@ import torch.multiprocessing as mp
 from ladder_train.checkpoint import Checkpointer
 from ladder_train.config import load_config
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
-from ladder_train.inference.bench import latency_note
 from ladder_train.inference.bench import main as bench_main
+from ladder_train.inference.bench_results import latency_note
 from ladder_train.inference.tp import EmulatedLinkCommunicator
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import load_export, save_export
