@@ -302,3 +302,15 @@ def test_latency_note_compares_x_with_the_shorter_module():
     above = latency_note(90.0, {"attention": 31.0, "mlp": 29.0})
     # the serialised link is busy 90 ms per all-reduce: at best (30 + 90) / 90 per module
     assert "3.1x" in above and "bounded near 1 + c/X = 1.33x" in above
+
+
+def test_bench_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
+    path = make_checkpoint(tmp_path / "run", "ladder", None)
+    shard = max(path.glob("*.distcp"), key=lambda f: f.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one flipped bit in the weights
+    shard.write_bytes(bytes(data))
+    with pytest.raises(SystemExit) as failure:
+        bench_main(["--model", str(path), "--gen-len", "2", "--prompt-len", "2"])
+    message = str(failure.value)
+    assert message.startswith(f"ladder-bench: {path}") and "\n" not in message

@@ -29,10 +29,12 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from ..checkpoint import CheckpointError, verify_checkpoint
 from ..model import RESIDUAL_LAYOUTS, ModelArgs
 from .bench_results import derive, print_table
 from .generate import Generator
@@ -130,7 +132,9 @@ def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
         try:
             args, kind = resolve_args(source, **(overrides if not _is_saved_model(source) else {}))
             check_tp_degree(args, tp, source)
-        except ValueError as err:
+            if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
+                verify_checkpoint(Path(source), no_dist=True)
+        except (ValueError, CheckpointError) as err:
             raise SystemExit(f"ladder-bench: {err}") from None
         if opts.prompt_len + opts.gen_len > args.max_seq_len:
             raise SystemExit(f"ladder-bench: {source}: --prompt-len + --gen-len exceed max_seq_len={args.max_seq_len}")
