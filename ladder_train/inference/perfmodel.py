@@ -133,8 +133,8 @@ def module_kernels(
     shape: Shape, device: Device, tp: int, batch: int, q_len: int, kv_len: int
 ) -> dict[str, list[Kernel]]:
     """The kernels of one rank for each module of one forward: ``attention`` and ``mlp`` (each with its
-    pre-norm and its residual add), ``embed`` and ``head`` (final norm, replicated LM head over every position
-    fed, the fp32 cast, the sampling). ``kv_len``: the cache length attention reads."""
+    pre-norm and its residual add), ``embed`` and ``head`` (final norm, replicated LM head over the last
+    position, the fp32 cast, the sampling). ``kv_len``: the cache length attention reads."""
     b, d, T = device.dtype_bytes, shape.dim, batch * q_len
     ops = FUSED_OPS if device.compiled else EAGER_OPS
     hd, h, kv = shape.head_dim, shape.n_heads // tp, shape.n_kv_heads // tp
@@ -158,8 +158,9 @@ def module_kernels(
     mlp = list(norm) + [_gemm(T, d, shape.ffn_dim // tp, b), _gemm(T, d, shape.ffn_dim // tp, b)]
     mlp += fixed("mlp_misc", 3 * T * shape.ffn_dim // tp * b) + [_gemm(T, shape.ffn_dim // tp, d, b)] + add
     parallel = list(norm) + attn[len(norm) :] + mlp[len(norm) :]  # one shared norm, one add of both
-    logits = T * shape.vocab_size
-    head = list(norm) + [_gemm(T, d, shape.vocab_size, b)]
+    # generation asks for the last position's logits only (``Transformer(..., last_only=True)``)
+    logits = batch * shape.vocab_size
+    head = fixed("norm", 2 * batch * d * b) + [_gemm(batch, d, shape.vocab_size, b)]
     if b != 4:  # the fp32 cast of the logits (a no-op for an fp32 model)
         head.append(Kernel(0.0, logits * (b + 4)))
     head.append(Kernel(0.0, batch * shape.vocab_size * 4))  # argmax over the last position
