@@ -1,4 +1,4 @@
-"""``ladder-report RUN_DIR [RUN_DIR ...] [--bench FILE.jsonl] --out DIR``: the runs side by side.
+"""``ladder-report [RUN_DIR ...] [--bench FILE.jsonl] --out DIR``: the runs side by side.
 
 Reads each run's ``config.yaml``, ``metrics.jsonl`` and newest ``eval/step-N.json``, and the TP
 benchmark's JSON lines, and writes ``DIR/report.md`` with a table in the manner of the paper's Table 3
@@ -319,12 +319,13 @@ def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) 
     bench_rows = read_bench(list(bench_files))
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# ladder-train report", ""]
-    lines.append("Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".")
-    lines += ["", "## Results", ""]
-    header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
-    lines.append(markdown_table(header, results_table(runs)))
-    lines += ["", "## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
-    lines += ["## Learning rate", "", f"![learning rate]({plot_lr(runs, out).name})", ""]
+    if runs:
+        lines.append("Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".")
+        lines += ["", "## Results", ""]
+        header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
+        lines.append(markdown_table(header, results_table(runs)))
+        lines += ["", "## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
+        lines += ["## Learning rate", "", f"![learning rate]({plot_lr(runs, out).name})", ""]
     if bench_rows:
         lines += ["## Tensor-parallel generation", "", *bench_section(bench_rows, out), ""]
     report = out / "report.md"
@@ -337,11 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="ladder-report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "runs", nargs="+", type=Path, help="run folders (the first is the baseline of the relative column)"
+        "runs", nargs="*", type=Path, help="run folders (the first is the baseline of the relative column)"
     )
     parser.add_argument("--bench", action="append", type=Path, default=[], help="ladder-bench JSON lines (repeatable)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if not args.runs and not args.bench:
+        parser.error("give run folders, --bench files, or both")
     try:
         report = write_report(args.runs, args.out, args.bench)
     except ConfigError as err:

@@ -164,3 +164,13 @@ def test_report_of_a_link_sweep(tmp_path):
     # X / module = 4; measured 205 / 176 = 1.16x; predicted 202 / 172 = 1.17x
     assert ladder[:7] == ["40", "4.00", "ladder", "176.0", "1.11×", "1.16×", "1.17×"]
     assert "](link_sweep.png)" in text and (tmp_path / "out" / "link_sweep.png").stat().st_size > 10_000
+
+
+def test_report_of_benchmarks_alone(tmp_path, capsys):
+    bench = fabricate_bench(tmp_path / "bench.jsonl")
+    assert main(["--bench", str(bench), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "## Tensor-parallel generation" in text and "## Results" not in text
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "none")])
+    assert "give run folders, --bench files, or both" in capsys.readouterr().err
