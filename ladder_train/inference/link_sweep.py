@@ -60,7 +60,7 @@ def sweep_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         table.append(
             [
                 f"{x:g}",
-                f"{x / module_ms(row):.2f}",
+                f"{x / module_ms(standard):.2f}",
                 row["layout"],
                 f"{row['decode_ms_per_token']:.1f}",
                 f"{row['speedup_vs_standard']:.2f}×",
