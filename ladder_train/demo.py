@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
     parser.add_argument("--steps", type=int, default=300, help="training steps per layout")
     parser.add_argument(
-        "--link-latency-ms", type=float, default=4.0, help="the emulated all-reduce latency of the TP benchmark"
+        "--link-latency-ms", type=float, default=1.0, help="the emulated all-reduce latency of the TP benchmark"
     )
     args = parser.parse_args(argv)
     python = sys.executable
