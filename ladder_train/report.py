@@ -3,7 +3,8 @@
 Reads each run's ``config.yaml``, ``metrics.jsonl`` and newest ``eval/step-N.json``, and the TP
 benchmark's JSON lines, and writes ``DIR/report.md`` with a table in the manner of the paper's Table 3
 and PNG plots (matplotlib): loss against tokens, learning rate, and TP decode tokens/s per batch size
-with the no-communication ceiling.
+with the no-communication ceiling. Runs that repeat one config under several seeds are also grouped
+(``seed_groups``): mean ± sd per group and the difference to the first group with its uncertainty.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from . import seed_groups  # noqa: E402
 from .config import ConfigError, load_config  # noqa: E402
 
 # per task, the metric the paper's tables use (acc_norm where lm-eval has it) and whether lower is better
@@ -39,6 +41,8 @@ class Run:
     path: Path
     name: str
     residual: str
+    seed: int = 0
+    config: object = None  # the run's resolved Config
     train: list[dict] = field(default_factory=list)  # {"step", "tokens", "loss", "lr", ...}
     val: list[dict] = field(default_factory=list)  # {"step", "tokens", "val_loss", "val_ppl"}
     eval_summary: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -55,7 +59,7 @@ def read_run(path: Path) -> Run:
         if not required.is_file():
             raise ConfigError(f"{path}: not a run folder (missing {required.name})")
     cfg = load_config(config)
-    run = Run(path=path, name=cfg.run.name, residual=cfg.model.residual)
+    run = Run(path=path, name=cfg.run.name, residual=cfg.model.residual, seed=cfg.run.seed, config=cfg)
     for number, line in enumerate(metrics.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -314,6 +318,26 @@ def bench_section(rows: list[dict], out: Path) -> list[str]:
     return lines
 
 
+def final_val_loss(run: Run) -> float:
+    if not run.val:
+        raise ConfigError(f"{run.path}: no validation loss in metrics.jsonl (set eval.val_every)")
+    return run.val[-1]["val_loss"]
+
+
+def seeds_section(groups: list[seed_groups.Group], out: Path) -> list[str]:
+    """Repeats of one configuration: mean ± sd per group and the differences to the first group."""
+    header, rows = seed_groups.seeds_table(groups, final_val_loss, final_train_loss)
+    return [
+        "Runs with equal configs apart from the seed are grouped. sd = sample standard deviation over the seeds "
+        "(n − 1); s.e. of a difference = sqrt(sd₁²/n₁ + sd₂²/n₂); the paired column takes the per-seed "
+        "differences (same seed = same initial weights and data order in every layout).",
+        "",
+        markdown_table(header, rows),
+        "",
+        f"![loss over seeds]({seed_groups.plot_bands(groups, out).name})",
+    ]
+
+
 def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) -> Path:
     runs = [read_run(Path(d)) for d in run_dirs]  # every input is checked before anything is written
     bench_rows = read_bench(list(bench_files))
@@ -324,7 +348,11 @@ def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) 
         lines += ["", "## Results", ""]
         header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
         lines.append(markdown_table(header, results_table(runs)))
-        lines += ["", "## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
+        lines.append("")
+        groups = seed_groups.group_runs(runs)
+        if any(len(group.runs) > 1 for group in groups):
+            lines += ["## Seeds", "", *seeds_section(groups, out), ""]
+        lines += ["## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
         lines += ["## Learning rate", "", f"![learning rate]({plot_lr(runs, out).name})", ""]
     if bench_rows:
         lines += ["## Tensor-parallel generation", "", *bench_section(bench_rows, out), ""]

@@ -249,6 +249,9 @@ def test_paper_numbers_beside_ours():
     table = format_table({"wikitext": {"word_perplexity": 20.0}}, "1.2B", "ladder")
     assert "18.42" in table and "20.0000" in table
     assert "none for this size/layout" in format_table({"wikitext": {"word_perplexity": 20.0}}, None, "ladder")
+    # the deeper ladders have their own rows, and say that they are not throughput-matched
+    deeper = format_table({"wikitext": {"word_perplexity": 20.0}}, "4.5B", "ladder")
+    assert "14.05" in deeper and "not throughput-matched" in deeper
 
 
 def test_validation_loss_is_token_weighted_and_restores_train_mode():

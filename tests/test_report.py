@@ -11,13 +11,11 @@ from ladder_train.inference.link_sweep import predicted_decode_ms
 from ladder_train.report import main, write_report
 
 
-def fabricate_run(root, name, residual, base_loss):
+def fabricate_run(root, name, residual, base_loss, overrides=()):
     run = root / name
     run.mkdir()
-    save_config(
-        load_config(None, [f"run.name={name}", f"model.residual={residual}", "model.preset=tiny", "data.seq_len=128"]),
-        run / "config.yaml",
-    )
+    config = [f"run.name={name}", f"model.residual={residual}", "model.preset=tiny", "data.seq_len=128", *overrides]
+    save_config(load_config(None, config), run / "config.yaml")
     lines = []
     for step in range(1, 11):
         lines.append(
@@ -174,3 +172,37 @@ def test_report_of_benchmarks_alone(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path / "none")])
     assert "give run folders, --bench files, or both" in capsys.readouterr().err
+
+
+def test_report_groups_seeds_and_gives_mean_sd_and_differences(tmp_path):
+    """Three seeds per layout (final validation loss = base + 1) and one ladder run at another lr."""
+    runs = [
+        fabricate_run(tmp_path, f"{layout}_s{seed}", layout, base, [f"run.seed={seed}"])
+        for layout, bases in (("standard", (2.0, 2.3, 2.6)), ("ladder", (1.9, 2.1, 2.2)))
+        for seed, base in enumerate(bases)
+    ]
+    runs.append(fabricate_run(tmp_path, "ladder_lr", "ladder", 2.5, ["run.seed=0", "train.optimizer.lr=0.001"]))
+    text = write_report(runs, tmp_path / "out").read_text()
+    section = text.split("## Seeds")[1]
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| group")
+    }
+    # standard: 3.0, 3.3, 3.6 -> mean 3.3, sd 0.3; train loss (mean of last five) = base + 2
+    assert rows["standard"][:3] == ["3 (0, 1, 2)", "3.3000 ± 0.3000", "4.3000 ± 0.3000"]
+    (ladder_label,) = [label for label in rows if label.startswith("ladder") and "lr=0.001" not in label]
+    # ladder: 2.9, 3.1, 3.2 -> mean 3.0667, sd sqrt(0.07/3) = 0.1528; difference -0.2333 with
+    # s.e. sqrt(0.09/3 + 0.02333/3) = 0.1944; per-seed differences -0.1, -0.2, -0.4 -> -0.2333 ± 0.1528
+    assert rows[ladder_label] == [
+        "3 (0, 1, 2)",
+        "3.0667 ± 0.1528",
+        "4.0667 ± 0.1528",
+        "-0.2333 ± 0.1944",
+        "-0.2333 ± 0.1528",
+    ]
+    # the lr run is its own group of one, named by the key that differs; no sd and no pairing for it
+    (lr_label,) = [label for label in rows if "train.optimizer.lr=0.001" in label]
+    assert rows[lr_label] == ["1 (0)", "3.5000", "4.5000", "+0.2000", "—"]
+    png = tmp_path / "out" / "loss_seeds.png"
+    assert "](loss_seeds.png)" in section and png.stat().st_size > 10_000

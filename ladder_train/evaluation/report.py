@@ -1,23 +1,12 @@
 """Turning lm-eval's results into our summary: ``{task: {metric: value}}``, the paper's averages, a console
-table beside the paper's numbers (DESIGN.md, "Reported results") and flat wandb keys."""
+table beside the paper's numbers (``ladder_train.paper``, its Table 3) and flat wandb keys."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
-# the paper's six accuracy tasks, averaged in its tables
-AVERAGED_TASKS = ("arc_challenge", "arc_easy", "hellaswag", "piqa", "sciq", "winogrande")
-
-# (size, residual) -> the paper's numbers after 100B FineWeb-Edu tokens: the six-task average accuracy in
-# percent (which of acc / acc_norm each task contributes is not stated) and Wikitext perplexity
-PAPER_RESULTS = {
-    ("1.2B", "standard"): {"avg6": 59.98, "wikitext_ppl": 18.54},
-    ("1.2B", "parallel"): {"avg6": 58.75, "wikitext_ppl": 18.95},
-    ("1.2B", "ladder"): {"avg6": 58.92, "wikitext_ppl": 18.42},
-    ("3.5B", "standard"): {"avg6": 64.11, "wikitext_ppl": 14.48},
-    ("3.5B", "parallel"): {"avg6": 63.03, "wikitext_ppl": 14.96},
-    ("3.5B", "ladder"): {"avg6": 62.91, "wikitext_ppl": 14.90},
-}
+from ..paper import AVERAGED_TASKS, pretraining_row
 
 
 def summarize(lm_eval_results: dict) -> dict[str, dict[str, float]]:
@@ -44,8 +33,11 @@ def averages(summary: dict[str, dict[str, float]]) -> dict[str, float]:
     return {"avg6_acc": 100 * sum(acc) / len(acc), "avg6_acc_norm": 100 * sum(acc_norm) / len(acc_norm)}
 
 
-def paper_results(model_name: str | None, residual: str | None) -> dict[str, float] | None:
-    return PAPER_RESULTS.get((model_name, residual))
+def paper_results(model_name: str | None, residual: str | None) -> dict | None:
+    """The paper's Table 3 row for this preset and layout, as a dict (``avg6``, ``wikitext_ppl``, ``tasks``,
+    ``note``), or None where the paper has no such model."""
+    row = pretraining_row(model_name, residual)
+    return None if row is None else dataclasses.asdict(row)
 
 
 def format_table(summary: dict[str, dict[str, float]], model_name: str | None, residual: str | None) -> str:
@@ -78,6 +70,8 @@ def format_table(summary: dict[str, dict[str, float]], model_name: str | None, r
         for row in [header, *rows]
     ]
     lines.insert(1, "  ".join("-" * width for width in widths))
+    if paper.get("note"):
+        lines.append(f"paper's {label}: {paper['note']}")
     return "\n".join(lines)
 
 
