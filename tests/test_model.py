@@ -1,4 +1,4 @@
-"""The three residual layouts against DESIGN.md's equations written out by hand, masking, presets."""
+"""The three residual layouts against the equations of docs/design.md written out by hand, masking, presets."""
 
 import pytest
 import torch
@@ -53,7 +53,7 @@ def head(model, r):
 
 
 def by_hand(model, ids):
-    """DESIGN.md's equations, layer by layer, following each layer's layout."""
+    """The equations of docs/design.md, layer by layer, following each layer's layout."""
     r = model.tok_embeddings.weight[ids]
     a = m = None
     for layer in model.layers:
@@ -204,7 +204,7 @@ def test_preset_parameter_counts_on_meta(preset, expected):
         model = Transformer(args)
     n = sum(p.numel() for p in model.parameters())
     assert n == count_params(args)["total"]
-    tolerance = 0.01 if preset in ("1.2B", "3.5B") else 0.03  # DESIGN.md gives ~1.55B and ~4.5B
+    tolerance = 0.01 if preset in ("1.2B", "3.5B") else 0.03  # the paper gives ~1.55B and ~4.5B
     assert abs(n - expected) / expected < tolerance
 
 

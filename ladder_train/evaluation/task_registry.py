@@ -33,7 +33,7 @@ LOCAL_TASKS = {
     "lambada_local": "lambada_openai.jsonl",
     "wikitext2_local": "wikitext2/test.txt",
 }
-# the paper's evaluation (DESIGN.md): six accuracy tasks and Wikitext perplexity, built-in lm-eval names
+# the paper's evaluation (its Table 3): six accuracy tasks and Wikitext perplexity, built-in lm-eval names
 PAPER_TASKS = ("arc_challenge", "arc_easy", "hellaswag", "piqa", "sciq", "winogrande", "wikitext")
 # built-in task -> the offline task over a local copy of the same set
 LOCAL_ALTERNATIVES = {

@@ -1,4 +1,4 @@
-"""Model sizes by name: the paper's (DESIGN.md, from the reference training configs) and tiny ones for tests.
+"""Model sizes by name: the paper's (docs/design.md, "Presets") and tiny ones for tests.
 
 Also the counting helpers: parameters (total, non-embedding) and training FLOPs per token for MFU.
 """

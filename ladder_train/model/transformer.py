@@ -2,7 +2,7 @@
 
 Pre-norm decoder: RMSNorm, rotary embeddings (rotate-half convention), grouped-query attention through
 ``F.scaled_dot_product_attention``, SwiGLU MLP, no biases, tied input/output embeddings. Three residual
-layouts (see ``../shared/DESIGN.md`` and the README):
+layouts (docs/design.md has the equations):
 
     standard  r = r + A(r);  r = r + M(r)
     parallel  n = norm(r);   r = r + A(n) + M(n)
