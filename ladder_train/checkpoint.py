@@ -451,6 +451,10 @@ class Checkpointer:
 
     # save ---------------------------------------------------------------------------------------------
 
+    def periodic_save_due(self, step: int, max_steps: int) -> bool:
+        """Every ``checkpoint.every`` steps before the last (the trainer saves the last one anyway)."""
+        return bool(self.cfg.every) and step % self.cfg.every == 0 and step < max_steps
+
     def save(self, step: int, model, optimizer, trainer_state: dict, rank_state: dict) -> Path:
         """Write step ``step``. With ``async_save`` the files are written in the background and the
         checkpoint is completed by the next ``save`` or by ``finish``."""

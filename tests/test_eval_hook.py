@@ -64,7 +64,7 @@ def _train_with_slow_eval(run_dir: str) -> tuple[int, list[str]]:
     import time
 
     import ladder_train.evaluation as evaluation
-    from ladder_train.train.trainer import main
+    from ladder_train.cli import main
 
     def slow_evaluate(model, tokenizer, tasks, out_path=None, **kwargs):
         time.sleep(SLOW_EVAL_S)  # rank 0 only: longer than parallel.timeout_s below

@@ -1,5 +1,6 @@
-"""The pretraining loop, optimizer and schedule, metrics, and the dry-run planner."""
+"""The pretraining loop, optimizer and schedule, metrics, the evaluator, and the dry-run planner. The
+command line is ``ladder_train.cli``."""
 
-from .trainer import NonFiniteLossError, Trainer, main
+from .trainer import NonFiniteLossError, Trainer
 
-__all__ = ["NonFiniteLossError", "Trainer", "main"]
+__all__ = ["NonFiniteLossError", "Trainer"]

@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -46,16 +47,54 @@ def format_line(m: dict) -> str:
     return " | ".join(parts)
 
 
+class ThroughputMeter:
+    """Tokens/s, the share of time spent waiting for data, MFU and memory over the steps since the last read."""
+
+    def __init__(self, world_size: int, flops_per_token: float, peak_flops: float | None, device: torch.device):
+        self.world_size, self.flops_per_token, self.peak_flops, self.device = (
+            world_size,
+            flops_per_token,
+            peak_flops,
+            device,
+        )
+        self._start, self._tokens, self._data_wait = time.perf_counter(), 0, 0.0
+
+    def add(self, tokens: int, data_wait_s: float) -> None:
+        self._tokens += tokens
+        self._data_wait += data_wait_s
+
+    def read(self, step_time_s: float) -> dict:
+        """The interval's figures; the next interval starts now."""
+        elapsed = time.perf_counter() - self._start
+        tokens_per_s = self._tokens / elapsed
+        per_device = tokens_per_s / self.world_size
+        figures = {
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": per_device,
+            "step_time_s": step_time_s,
+            "data_wait_frac": self._data_wait / elapsed,
+            "mfu": per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
+            "peak_mem_gib": peak_memory_gib(self.device),
+        }
+        self._start, self._tokens, self._data_wait = time.perf_counter(), 0, 0.0
+        return figures
+
+
 class MetricLogger:
-    """Writes metrics on rank 0 only; other ranks get a logger that does nothing."""
+    """Writes metrics on rank 0 only; other ranks get a logger that does nothing. A training step is logged
+    every ``train.log_every`` steps and at the last one."""
 
     def __init__(self, cfg: Config, run_dir: Path, is_main: bool, wandb_id: str | None = None):
+        self.log_every = cfg.train.log_every
         self.is_main = is_main
         self.path = run_dir / "metrics.jsonl"
         self.wandb_run = None
         if is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.wandb_run = _start_wandb(cfg, run_dir, wandb_id)
+
+    def should_log(self, step: int, last: bool) -> bool:
+        return step % self.log_every == 0 or last
 
     def log(self, metrics: dict, console: bool = True) -> None:
         if not self.is_main:

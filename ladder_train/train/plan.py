@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..config import Config, ConfigError, model_args
 from ..model import Transformer, count_params
 from ..parallel import build_mesh, parallelize, resolve_degrees
-from .trainer import BatchPlan, resolve_dtype
+from .batch import BatchPlan, resolve_dtype
 
 GIB = 2**30
 

@@ -1,6 +1,7 @@
-"""The pretraining loop: build the mesh and the sharded model, then step through the data.
+"""The pretraining loop: build the mesh and the sharded model, then step through the data. The checkpointer,
+the metric logger and the evaluator each decide which steps are theirs.
 
-Launch: ``ladder-train --config recipes/X.yaml [key=value ...]`` alone, or
+Launch (``ladder_train.cli``): ``ladder-train --config recipes/X.yaml [key=value ...]`` alone, or
 ``torchrun --nproc-per-node N -m ladder_train.train --config ...`` for several processes.
 """
 
@@ -9,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal
-import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,12 +19,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint import Checkpointer, CheckpointError, RunDirLocked, lock_run_dir
-from ..config import Config, ConfigError, model_args, save_config, to_yaml
+from ..checkpoint import Checkpointer, RunDirLocked, lock_run_dir
+from ..config import Config, model_args, save_config, to_yaml
 from ..model import Transformer, flops_per_token
 from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
-from .hooks import evaluate_checkpoint, validation
-from .metrics import MetricLogger, device_peak_flops, peak_memory_gib
+from .batch import BatchPlan, resolve_dtype
+from .evaluator import Evaluator
+from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
 
 
@@ -39,42 +39,6 @@ class Preempted(Exception):
 
 # exit status after a preemption checkpoint: the Slurm script requeues the job on it (sysexits EX_TEMPFAIL)
 EXIT_REQUEUE = 75
-
-
-@dataclass
-class BatchPlan:
-    """How the global batch splits: over data-parallel ranks, then into micro-batches."""
-
-    global_batch: int
-    micro_batch: int
-    dp_world: int
-    seq_len: int
-
-    @property
-    def per_rank(self) -> int:
-        return self.global_batch // self.dp_world
-
-    @property
-    def accumulation(self) -> int:
-        return self.per_rank // self.micro_batch
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.global_batch * self.seq_len
-
-    def check(self) -> None:
-        if self.global_batch % (self.micro_batch * self.dp_world):
-            raise ConfigError(
-                f"key 'train.global_batch_size'={self.global_batch} is not a multiple of "
-                f"train.micro_batch_size={self.micro_batch} x {self.dp_world} data-parallel ranks"
-            )
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """bf16 compute on GPUs, fp32 on the CPU (bf16 is ~30x slower there), unless the recipe insists."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
 class Trainer:
@@ -114,9 +78,14 @@ class Trainer:
         self.tokens_seen = 0
         self.nonfinite_skips = 0
         self.wandb_id: str | None = None
-        self.flops_per_token = flops_per_token(self.model_args, cfg.data.seq_len)
-        self.peak_flops = device_peak_flops(env.device)
+        self.meter = ThroughputMeter(
+            env.world_size,
+            flops_per_token(self.model_args, cfg.data.seq_len),
+            device_peak_flops(env.device),
+            env.device,
+        )
         self.checkpointer = Checkpointer(cfg.checkpoint, self.run_dir, env.rank, env.world_size)
+        self.evaluator = Evaluator(cfg, env, self.run_dir, self.model_args, self.plan.micro_batch, self.tokenizer)
         self._preempt_signal: int | None = None
         self._preempt_all = False
         self._resume()
@@ -186,16 +155,6 @@ class Trainer:
             )
         if self.env.is_main:
             print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
-
-    def _log_validation(self, logger) -> None:
-        record = validation(self)
-        if record is not None:
-            logger.log(record, console=False)
-            if self.env.is_main:
-                print(
-                    f"step {self.step:>6} | val loss {record['val_loss']:.4f} | val ppl {record['val_ppl']:.2f}",
-                    flush=True,
-                )
 
     def _request_preemption(self, signum, frame) -> None:
         self._preempt_signal = signum
@@ -271,6 +230,51 @@ class Trainer:
     # the loop ----------------------------------------------------------------------------------------
 
     def train(self) -> list[dict]:
+        logger = self._start_logging()
+        handlers = {sig: signal.signal(sig, self._request_preemption) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+        history: list[dict] = []
+        self.model.train()
+        try:
+            while self.step < self.max_steps:
+                history.append(self._step(logger))
+                self.evaluator.after_step(self.model, self.step, self.tokens_seen, logger)
+                if self._preempt_all:
+                    self._stop_for_preemption()
+                if self.checkpointer.periodic_save_due(self.step, self.max_steps):
+                    self.save_checkpoint()
+                    if self.evaluator.evaluates_checkpoint(self.step):
+                        self.checkpointer.finish()  # written before it is evaluated (eval.mode=slurm exports it)
+                        self.evaluator.evaluate(self.model, self.step, logger, self._checkpoint_dir())
+            if history:
+                self.evaluator.final_validation(self.model, self.step, self.tokens_seen, logger)
+                self.save_checkpoint()  # the final checkpoint
+            self.checkpointer.finish()
+            if history:
+                self.evaluator.at_end(self.model, self.step, logger, self._checkpoint_dir())
+            logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            self._close(logger)
+        return history
+
+    def _step(self, logger) -> dict:
+        """One optimizer step and its bookkeeping; the record is logged when the logger says so."""
+        step_start = time.perf_counter()
+        lr = self.scheduler.get_last_lr()[0]
+        result = self.train_step()
+        self.step += 1
+        self.tokens_seen += self.plan.tokens_per_step
+        if not result["finite"]:
+            self._handle_nonfinite(result)
+        self.meter.add(self.plan.tokens_per_step, result["data_wait_s"])
+        record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"]}
+        if logger.should_log(self.step, last=self.step == self.max_steps):
+            record.update(tokens=self.tokens_seen, **self.meter.read(time.perf_counter() - step_start))
+            logger.log(record)
+        return record
+
+    def _start_logging(self) -> MetricLogger:
         cfg, env = self.cfg, self.env
         if env.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -287,111 +291,21 @@ class Trainer:
         box = [logger.wandb_id]
         dist.broadcast_object_list(box, src=0)
         self.wandb_id = box[0]
-        handlers = {sig: signal.signal(sig, self._request_preemption) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-        history: list[dict] = []
-        self.model.train()
-        interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
-        try:
-            while self.step < self.max_steps:
-                step_start = time.perf_counter()
-                lr = self.scheduler.get_last_lr()[0]
-                result = self.train_step()
-                self.step += 1
-                self.tokens_seen += self.plan.tokens_per_step
-                if not result["finite"]:
-                    self._handle_nonfinite(result)
-                step_time = time.perf_counter() - step_start
-                interval_tokens += self.plan.tokens_per_step
-                interval_wait += result["data_wait_s"]
-                interval_steps += 1
-                record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"]}
-                history.append(record)
-                if self.step % cfg.train.log_every == 0 or self.step == self.max_steps:
-                    elapsed = time.perf_counter() - interval_start
-                    tokens_per_s = interval_tokens / elapsed
-                    per_device = tokens_per_s / env.world_size
-                    record.update(
-                        tokens=self.tokens_seen,
-                        tokens_per_s=tokens_per_s,
-                        tokens_per_s_per_device=per_device,
-                        step_time_s=step_time,
-                        data_wait_frac=interval_wait / elapsed,
-                        mfu=per_device * self.flops_per_token / self.peak_flops if self.peak_flops else None,
-                        peak_mem_gib=peak_memory_gib(env.device),
-                    )
-                    logger.log(record)
-                    interval_start, interval_tokens, interval_wait, interval_steps = time.perf_counter(), 0, 0.0, 0
-                if cfg.eval.val_every and self.step % cfg.eval.val_every == 0:
-                    self._log_validation(logger)
-                if self._preempt_all:
-                    self.save_checkpoint()
-                    self.checkpointer.finish()
-                    raise Preempted(
-                        f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue"
-                    )
-                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < self.max_steps:
-                    self.save_checkpoint()
-                    saves = self.step // cfg.checkpoint.every
-                    if cfg.eval.every and saves % cfg.eval.every == 0:
-                        self.checkpointer.finish()
-                        evaluate_checkpoint(self, logger)
-            if history:
-                if cfg.eval.val_every and self.step % cfg.eval.val_every:
-                    self._log_validation(logger)  # the final validation loss
-                self.save_checkpoint()  # the final checkpoint
-            self.checkpointer.finish()
-            if history and cfg.eval.at_end and cfg.eval.tasks:
-                evaluate_checkpoint(self, logger)
-            logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
-        finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            if hasattr(self.loader, "close"):  # workers stop now, also after an exception (train() runs once)
-                self.loader.close()
-            self._batches = None
-            logger.close()
-            if self._lock is not None:
-                self._lock.close()  # releases run.dir
-                self._lock = None
-        return history
+        return logger
 
+    def _checkpoint_dir(self) -> Path:
+        return self.checkpointer.folder / f"step-{self.step}"
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+    def _stop_for_preemption(self):
+        self.save_checkpoint()
+        self.checkpointer.finish()
+        raise Preempted(f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue")
 
-    from ..config import load_config
-    from ..parallel import init_distributed
-    from .plan import dry_run
-
-    parser = argparse.ArgumentParser(
-        prog="ladder-train", description="Pretrain a standard, parallel or ladder transformer."
-    )
-    parser.add_argument("--config", help="a recipe YAML (recipes/*.yaml)")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="build the mesh and sharded model on the meta device, print the plan, exit",
-    )
-    parser.add_argument(
-        "--simulate", default=None, metavar="NODESxGPUS", help="with --dry-run: the world to plan for, e.g. 16x8"
-    )
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.max_steps=100")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-        if args.dry_run:
-            print(dry_run(cfg, args.simulate))
-            return 0
-        env = init_distributed(cfg.parallel.timeout_s)
-        try:
-            Trainer(cfg, env).train()
-        finally:
-            dist.destroy_process_group()
-    except Preempted as note:
-        print(f"preempted: {note}", file=sys.stderr)
-        return EXIT_REQUEUE
-    except (ConfigError, NonFiniteLossError, CheckpointError) as err:
-        if not getattr(err, "quiet", False):  # a lock refusal is printed by rank 0 only
-            print(f"error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, ConfigError) else 1
-    return 0
+    def _close(self, logger) -> None:
+        if hasattr(self.loader, "close"):  # workers stop now, also after an exception (train() runs once)
+            self.loader.close()
+        self._batches = None
+        logger.close()
+        if self._lock is not None:
+            self._lock.close()  # releases run.dir
+            self._lock = None
