@@ -6,7 +6,7 @@ point and held-out perplexity.
 
 from .adapter import EvalError, LadderLM
 from .perplexity import held_out_batches, perplexity, validation_loss
-from .report import format_table, wandb_summary
+from .results import format_table, wandb_summary
 from .run import evaluate
 from .task_registry import LOCAL_TASKS, PAPER_TASKS
 

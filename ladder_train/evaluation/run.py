@@ -19,7 +19,7 @@ from lm_eval.utils import handle_non_serializable
 
 from ..model.presets import PRESETS
 from .adapter import EvalError, LadderLM
-from .report import averages, format_table, paper_results, summarize
+from .results import averages, format_table, paper_results, summarize
 from .task_registry import check_local_data, materialise_local_tasks, task_manager_for, unavailable_data_message
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def preset_args(name: str, **overrides) -> ModelArgs:
     """The ModelArgs of a named preset, with any field overridden (e.g. ``residual="ladder"``)."""
     if name not in PRESETS:

@@ -1,14 +1,11 @@
 """Device mesh, FSDP2/HSDP sharding, activation checkpointing, compile, and sharded initialisation."""
 
-from .apply import apply_activation_checkpointing, apply_compile, apply_fsdp, parallelize
+from .apply import parallelize
 from .init import init_sharded_weights
 from .mesh import Dist, build_mesh, init_distributed, resolve_degrees
 
 __all__ = [
     "Dist",
-    "apply_activation_checkpointing",
-    "apply_compile",
-    "apply_fsdp",
     "build_mesh",
     "init_distributed",
     "init_sharded_weights",
