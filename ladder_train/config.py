@@ -25,6 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from .model.presets import PRESETS
 from .model.transformer import RESIDUAL_LAYOUTS, ModelArgs
+from .paper import PAPER_TASKS
 
 
 class ConfigError(ValueError):
@@ -135,9 +136,7 @@ class WandbConfig:
 
 @dataclass
 class EvalConfig:
-    tasks: list[str] = field(
-        default_factory=lambda: ["arc_challenge", "arc_easy", "hellaswag", "piqa", "sciq", "winogrande", "wikitext"]
-    )
+    tasks: list[str] = field(default_factory=lambda: list(PAPER_TASKS))
     include_path: str | None = None  # a folder of the user's own lm-eval task YAMLs (offline tasks)
     local_data: str | None = None  # a folder of local eval sets (layout of ../shared/eval) for the *_local tasks
     batch_size: int = 8  # sequences per forward pass when scoring eval requests

@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-LAYOUTS = ("standard", "parallel", "ladder")
+from .model.transformer import RESIDUAL_LAYOUTS
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print("demo: ../shared/eval not found: skipping the lm-eval step (validation loss only)", flush=True)
 
     runs = []
-    for layout in LAYOUTS:
+    for layout in RESIDUAL_LAYOUTS:
         run_dir = args.out / layout
         if run_dir.exists():  # a fresh demo each time, not an auto-resume of the last one
             shutil.rmtree(run_dir)
@@ -81,7 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     bench = args.out / "bench.jsonl"
     bench.unlink(missing_ok=True)
     # a model wide enough that one module's decode step takes milliseconds on the CPU
-    cmd = [python, "-m", "ladder_train.inference.bench", "--model", "tiny", "--tp", "2", "--layouts", ",".join(LAYOUTS)]
+    cmd = [
+        python,
+        "-m",
+        "ladder_train.inference.bench",
+        "--model",
+        "tiny",
+        "--tp",
+        "2",
+        "--layouts",
+        ",".join(RESIDUAL_LAYOUTS),
+    ]
     cmd += ["--set", "dim=1024", "n_layers=4", "n_heads=8", "ffn_dim=2816", "vocab_size=4096", "max_seq_len=512"]
     cmd += ["--batch-sizes", "1,4", "--prompt-len", "64", "--gen-len", "16", "--runs", "2"]
     cmd += ["--link-latency-ms", str(args.link_latency_ms), "--out", str(bench)]

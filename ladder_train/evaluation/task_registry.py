@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lm_eval.tasks import TaskManager
 
+from ..paper import PAPER_TASKS
 from .adapter import EvalError
 
 TASKS_DIR = Path(__file__).parent / "tasks"
@@ -33,8 +34,6 @@ LOCAL_TASKS = {
     "lambada_local": "lambada_openai.jsonl",
     "wikitext2_local": "wikitext2/test.txt",
 }
-# the paper's evaluation (its Table 3): six accuracy tasks and Wikitext perplexity, built-in lm-eval names
-PAPER_TASKS = ("arc_challenge", "arc_easy", "hellaswag", "piqa", "sciq", "winogrande", "wikitext")
 # built-in task -> the offline task over a local copy of the same set
 LOCAL_ALTERNATIVES = {
     "arc_easy": "arc_easy_local",

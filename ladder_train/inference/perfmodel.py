@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .perfshapes import LAYOUTS, InputError, Shape
+from ..model.transformer import RESIDUAL_LAYOUTS
+from .perfshapes import InputError, Shape
 
 # ---------------------------------------------------------------------------------------------- hardware
 
@@ -284,7 +285,7 @@ def predict_step(
     emulated: Emulated | None = None,
 ) -> float:
     """Seconds of one forward of ``batch`` x ``q_len`` tokens over a ``kv_len`` cache; ``layout`` is one
-    of LAYOUTS or ``none`` (the no-communication ceiling of that model's compute, standard's layers)."""
+    of RESIDUAL_LAYOUTS or ``none`` (the no-communication ceiling of that model's compute, standard's layers)."""
     kernels = module_kernels(shape, device, tp, batch, q_len, kv_len)
     times = module_times(kernels, device)
     act = batch * q_len * shape.dim * device.dtype_bytes
@@ -333,7 +334,7 @@ def predict_rows(
     prompt_len: int,
     gen_len: int,
     emulated: Emulated | None = None,
-    layouts=LAYOUTS,
+    layouts=RESIDUAL_LAYOUTS,
 ) -> list[dict]:
     """One row per (batch, layout) plus the ``none`` ceiling, with speedups against standard."""
     for field_name in ("n_heads", "n_kv_heads", "ffn_dim"):

@@ -19,7 +19,6 @@ LLAMA_SHAPES: dict[str, dict] = {
     "llama-405b": dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, ffn_dim=53248),
 }
 LLAMA_VOCAB = 128256
-LAYOUTS = ("standard", "parallel", "ladder")
 
 
 class InputError(ValueError):

@@ -19,8 +19,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..model.transformer import RESIDUAL_LAYOUTS
 from .hardware import load_profiles
-from .perfmodel import LAYOUTS, Emulated, InputError, predict_rows
+from .perfmodel import Emulated, InputError, predict_rows
 from .perfshapes import resolve_shape, shape_from_fields
 
 PROG = "ladder-predict"
@@ -118,9 +119,9 @@ def plan(opts) -> list[tuple]:
     """Every (shape, device, link, tp) to predict; all input is checked here, before any work."""
     devices = load_profiles(opts.profile)
     layouts = _names(opts.layouts)
-    bad = [v for v in layouts if v not in LAYOUTS]
+    bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
     if bad or not layouts:
-        raise InputError(f"--layouts {opts.layouts!r}: each must be one of {', '.join(LAYOUTS)}")
+        raise InputError(f"--layouts {opts.layouts!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
     _ints("--batch-sizes", opts.batch_sizes)
     if opts.prompt_len < 1 or opts.gen_len < 2:
         raise InputError("need --prompt-len >= 1 and --gen-len >= 2")
@@ -253,8 +254,8 @@ def compare(bench: list[dict], device, link: str | None = None) -> tuple[list[di
         shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r["_where"]) for r in bench
     ]
     for row in bench:
-        if row["layout"] not in LAYOUTS:
-            raise InputError(f"{row['_where']}: layout {row['layout']!r} is not one of {', '.join(LAYOUTS)}")
+        if row["layout"] not in RESIDUAL_LAYOUTS:
+            raise InputError(f"{row['_where']}: layout {row['layout']!r} is not one of {', '.join(RESIDUAL_LAYOUTS)}")
     for row, shape in zip(bench, shapes, strict=True):
         x = row.get("emulated_link_latency_ms") or 0.0
         bw = row.get("link_bandwidth_gbs")
