@@ -128,9 +128,9 @@ def rewrite(source: Path, dest: Path, **entries) -> None:
 
 
 def add_manifest(folder: Path) -> None:
-    from ladder_train.checkpoint import _write_manifest
+    from ladder_train.checkpoint_files import write_manifest
 
-    _write_manifest(folder)  # the attacker can write matching checksums too
+    write_manifest(folder)  # the attacker can write matching checksums too
 
 
 def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, export):
@@ -180,12 +180,12 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
 
 def test_checkpoint_in_the_old_format_still_loads(smoke_run, tmp_path):
     """Before this change the trainer entry was a torch.save pickle and there was no manifest."""
-    from ladder_train.checkpoint import _pack
+    from ladder_train.checkpoint_data import pack
 
     run_dir = copy_run(smoke_run, tmp_path)
     step4 = run_dir / "checkpoints" / "step-4"
     trainer = read_trainer_state(step4)
-    rewrite(step4, step4.with_name("step-4.new"), trainer=_pack(trainer))
+    rewrite(step4, step4.with_name("step-4.new"), trainer=pack(trainer))
     shutil.rmtree(step4)
     step4.with_name("step-4.new").rename(step4)
     assert not (step4 / MANIFEST).exists()
