@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..data.packing import PackedWindows, collate_windows
+from ..data.tokenizer import DataError
 from .adapter import EOT_TOKEN, EvalError
 
 IGNORE_INDEX = -100  # labels with this value are not scored (torch's cross_entropy convention)
@@ -55,9 +57,9 @@ def held_out_batches(
     max_batches: int | None = None,
     text_column: str = "text",
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(inputs, labels) batches from a parquet / jsonl / text file (or a folder of one kind): each document
-    is tokenized, followed by ``<|endoftext|>``, concatenated and cut into windows of ``seq_len + 1`` tokens,
-    as the training data is. The incomplete last window and batch are dropped."""
+    """(inputs, labels) batches from a parquet / jsonl / text file (or a folder of one kind), packed by the
+    training data's ``PackedWindows``: each document tokenized and followed by ``<|endoftext|>``, concatenated
+    and cut into windows of ``seq_len + 1`` tokens. The incomplete last window and batch are dropped."""
     from datasets import load_dataset
 
     path = Path(path)
@@ -69,21 +71,28 @@ def held_out_batches(
         raise EvalError(f"validation data {path}: expected files of one kind among {', '.join(_BUILDERS)}")
     builder = kinds.pop()
     dataset = load_dataset(builder, data_files=[str(f) for f in files], split="train", streaming=True)
-    eot_id = tokenizer.token_to_id(EOT_TOKEN)
-    window = seq_len + 1
-    buffer: list[int] = []
-    rows: list[list[int]] = []
+    first = next(iter(dataset), None)
+    if first is not None and text_column not in first:
+        raise EvalError(f"validation data {path}: no column {text_column!r} (columns: {', '.join(first)})")
+    # the training data's own packing: documents + <|endoftext|>, one stream, windows of seq_len + 1
+    windows = PackedWindows(
+        dataset,
+        tokenizer,
+        seq_len,
+        tokenizer.token_to_id(EOT_TOKEN),
+        text_column=text_column,
+        cycle=False,
+        source_name=f"validation data {path}",
+    )
+    group: list[torch.Tensor] = []
     produced = 0
-    for document in dataset:
-        if text_column not in document:
-            raise EvalError(f"validation data {path}: no column {text_column!r} (columns: {', '.join(document)})")
-        buffer += tokenizer.encode(document[text_column], add_special_tokens=False).ids + [eot_id]
-        while len(buffer) >= window:
-            rows.append(buffer[:window])
-            buffer = buffer[window:]
-            if len(rows) == batch_size:
-                batch = torch.tensor(rows, dtype=torch.long)
-                yield batch[:, :-1], batch[:, 1:]
-                rows, produced = [], produced + 1
+    try:
+        for window in windows:
+            group.append(window)
+            if len(group) == batch_size:
+                yield collate_windows(group)
+                group, produced = [], produced + 1
                 if max_batches is not None and produced >= max_batches:
                     return
+    except DataError as err:
+        raise EvalError(str(err)) from None
