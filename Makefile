@@ -27,8 +27,8 @@ test: install
 	$(PY) -m pytest -q tests
 
 lint: install
-	$(VENV)/bin/ruff check ladder_train tests
-	$(VENV)/bin/ruff format --check ladder_train tests
+	$(VENV)/bin/ruff check ladder_train tests benchmarks
+	$(VENV)/bin/ruff format --check ladder_train tests benchmarks
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -236,7 +236,7 @@ def test_standard_export_matches_llama_logits(tmp_path):
 
 
 def test_checkpoint_bench_stall_is_the_extra_time_of_intervals_holding_a_save():
-    from ladder_train.train.checkpoint_bench import stall_per_save
+    from benchmarks.checkpoint_stall import stall_per_save
 
     # every 3 steps a save adds 0.5 s to the next interval (indices 3 and 6); index 0 is the warm-up step
     walls = [2.0, 1.0, 1.1, 1.5, 0.9, 1.0, 1.6, 1.0]

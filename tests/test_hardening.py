@@ -33,14 +33,14 @@ BENCH_TINY = ["model.vocab_size=64", "model.dim=32", "model.n_layers=1", "model.
 
 
 def run_bench(tmp_path, code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **OFFLINE}
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}  # benchmarks/ is not installed: run from the repo
     return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
 
 
 def test_trainer_benchmark_rounds_each_train_the_asked_steps(tmp_path):
     # a second round in a reused run folder resumed at max_steps and "trained" nothing at 100x the speed
-    code = f"from ladder_train.train.bench import main; main(['--steps', '3', '--rounds', '2', *{BENCH_TINY!r}])"
+    code = f"from benchmarks.train_step import main; main(['--steps', '3', '--rounds', '2', *{BENCH_TINY!r}])"
     done = run_bench(tmp_path, code)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("trainer"))
@@ -52,7 +52,8 @@ def test_trainer_benchmark_rounds_each_train_the_asked_steps(tmp_path):
 
 def test_trainer_benchmark_fails_loudly_when_a_round_runs_fewer_steps(tmp_path):
     code = f"""
-from ladder_train.train import bench, trainer
+from benchmarks import train_step as bench
+from ladder_train.train import trainer
 real_train = trainer.Trainer.train
 def short_train(self):  # a trainer that stops early, as a resumed run does
     self.max_steps = 1

@@ -1,6 +1,6 @@
 """Trainer overhead benchmark: the trainer against a bare loop on the same model and batches.
 
-    python -m ladder_train.train.bench [--steps 20] [--rounds 2] [key=value ...]
+    python -m benchmarks.train_step [--steps 20] [--rounds 2] [key=value ...]
 
 The bare loop is plain forward / backward / clip / AdamW step on an unsharded model, with the batches
 already in memory: no FSDP, no data loader, no logging. The trainer runs the same steps with its full
@@ -21,11 +21,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..config import load_config, model_args
-from ..model import Transformer
-from ..parallel import init_distributed
-from .optim import build_optimizer
-from .trainer import Trainer
+from ladder_train.config import load_config, model_args
+from ladder_train.model import Transformer
+from ladder_train.parallel import init_distributed
+from ladder_train.train.optim import build_optimizer
+from ladder_train.train.trainer import Trainer
 
 DEFAULTS = [
     "model.vocab_size=8192",

@@ -1,6 +1,6 @@
 """Throughput of the whole data pipeline against the raw tokenizer, on the same documents.
 
-    python -m ladder_train.data.bench --source ../shared/data/fineweb \
+    python -m benchmarks.data_loader --source ../shared/data/fineweb \
         --tokenizer ../shared/tokenizers/starcoder/tokenizer.json --workers 0 1 2
 
 Raw: ``Tokenizer.encode_batch`` and ``encode_batch_fast`` (the call the pipeline uses) over the source's texts,
@@ -16,11 +16,11 @@ import argparse
 import os
 import time
 
-from ..config import DataConfig
-from .loader import build_dataloader
-from .packing import document_groups
-from .sources import open_source
-from .tokenizer import eos_id, load_tokenizer
+from ladder_train.config import DataConfig
+from ladder_train.data.loader import build_dataloader
+from ladder_train.data.packing import document_groups
+from ladder_train.data.sources import open_source
+from ladder_train.data.tokenizer import eos_id, load_tokenizer
 
 
 def raw_rates(tokenizer, texts: list[str]) -> dict[str, float]:
@@ -45,7 +45,7 @@ def pipeline_rate(cfg: DataConfig, tokenizer, workers: int, batch_size: int, spl
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m ladder_train.data.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.data_loader", description=__doc__.split("\n")[0])
     parser.add_argument("--source", default="../shared/data/fineweb", help="data.source (local folder/file or hub)")
     parser.add_argument("--tokenizer", default="../shared/tokenizers/starcoder/tokenizer.json", help="data.tokenizer")
     parser.add_argument("--split", default="train")

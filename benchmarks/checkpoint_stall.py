@@ -1,6 +1,6 @@
 """Checkpoint benchmark: how long training stalls per save (sync and async), and save / load time by size.
 
-    python -m ladder_train.train.checkpoint_bench [--steps 30] [--every 10] [--dims 256,512,1024] [key=value ...]
+    python -m benchmarks.checkpoint_stall [--steps 30] [--every 10] [--dims 256,512,1024] [key=value ...]
 
 Part 1 trains the same model on the same in-memory batches three times: checkpoints only at the end,
 every ``--every`` steps written synchronously, and every ``--every`` steps with ``checkpoint.async_save``.
@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import Checkpointer
-from ..config import load_config, model_args
-from ..model import Transformer
-from ..parallel import init_distributed
-from .bench import DEFAULTS, make_batches
-from .optim import build_optimizer
-from .trainer import Trainer
+from benchmarks.train_step import DEFAULTS, make_batches
+from ladder_train.checkpoint import Checkpointer
+from ladder_train.config import load_config, model_args
+from ladder_train.model import Transformer
+from ladder_train.parallel import init_distributed
+from ladder_train.train.optim import build_optimizer
+from ladder_train.train.trainer import Trainer
 
 
 def step_walls(cfg, batches: list, env, steps: int, every: int, async_save: bool, run_dir: Path) -> tuple[float, list]:
