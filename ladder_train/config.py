@@ -40,20 +40,14 @@ class RunConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(ModelArgs):
+    """``model.*``: the model's own fields (``ModelArgs`` in model/transformer.py documents each one) plus the
+    preset they start from."""
+
     preset: str | None = None  # a shape from presets.py (1.2B, 3.5B, 1.5B, 4.5B, 3.5B-32h, tiny, small)
-    vocab_size: int = 49152  # must equal the tokenizer's vocabulary (StarCoder: 49,152)
-    dim: int = 1536  # hidden size
-    n_layers: int = 40
-    n_heads: int = 24
-    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads
-    ffn_dim: int = 4096  # SwiGLU hidden size
-    max_seq_len: int = 2048  # rope table length, the longest sequence the model accepts
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02  # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
-    residual: str = "standard"  # standard | parallel | ladder
-    ladder_layers: int | None = None  # ladder only: the last N layers are ladder, the rest standard; None = all
+
+    def __post_init__(self):
+        pass  # the config keeps n_kv_heads=None ("= n_heads") as written; ModelArgs resolves it
 
 
 @dataclass
@@ -346,9 +340,8 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def model_args(model: ModelConfig) -> ModelArgs:
-    """The ModelArgs the Transformer is built from."""
-    fields = {f.name for f in dataclasses.fields(ModelArgs)}
-    return ModelArgs(**{k: v for k, v in dataclasses.asdict(model).items() if k in fields})
+    """The ModelArgs the Transformer is built from: every field of ``model`` but the preset."""
+    return ModelArgs(**{f.name: getattr(model, f.name) for f in dataclasses.fields(ModelArgs)})
 
 
 __all__ = [

@@ -104,3 +104,22 @@ def test_cli_show_reports_preset_size(capsys):
 def test_every_shipped_recipe_loads(recipe):
     cfg = load_config(recipe)
     assert cfg.model.residual in ("standard", "parallel", "ladder")
+
+
+def test_every_model_field_reaches_the_model():
+    """model.* is ModelArgs plus the preset: each field set in a recipe arrives in model_args unchanged."""
+    import dataclasses
+
+    from ladder_train.config import ModelConfig, model_args
+    from ladder_train.model import ModelArgs
+
+    arg_fields = {f.name for f in dataclasses.fields(ModelArgs)}
+    assert {f.name for f in dataclasses.fields(ModelConfig)} == arg_fields | {"preset"}
+    values = dict(vocab_size=100, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=128,
+                  rope_theta=5e5, norm_eps=1e-6, init_std=0.01, residual="ladder", ladder_layers=2)  # fmt: skip
+    cfg = load_config(None, [f"model.{k}={v}" for k, v in values.items()] + ["data.seq_len=64"])
+    expected = {**dataclasses.asdict(ModelArgs()), **values}
+    assert dataclasses.asdict(model_args(cfg.model)) == expected
+    # None = "as many kv heads as heads" stays None in the config (and in config.yaml), resolved by ModelArgs
+    plain = load_config(None, ["model.n_heads=8", "model.dim=64"])
+    assert plain.model.n_kv_heads is None and model_args(plain.model).n_kv_heads == 8

@@ -31,18 +31,18 @@ RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder")
 class ModelArgs:
     """The shape of a model. Field names follow nanoGPT/torchtitan; see presets.py for the paper's sizes."""
 
-    vocab_size: int = 49152
-    dim: int = 1536
+    vocab_size: int = 49152  # must equal the tokenizer's vocabulary (StarCoder: 49,152)
+    dim: int = 1536  # hidden size
     n_layers: int = 40
     n_heads: int = 24
-    n_kv_heads: int | None = None  # None = n_heads (multi-head attention)
-    ffn_dim: int = 4096
-    max_seq_len: int = 2048
+    n_kv_heads: int | None = None  # grouped-query attention; None = n_heads (multi-head attention)
+    ffn_dim: int = 4096  # SwiGLU hidden size
+    max_seq_len: int = 2048  # rope table length, the longest sequence the model accepts
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
-    init_std: float = 0.02
-    residual: str = "standard"
-    ladder_layers: int | None = None  # ladder only: how many of the last layers are ladder; None = all
+    init_std: float = 0.02  # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
+    residual: str = "standard"  # standard | parallel | ladder
+    ladder_layers: int | None = None  # ladder only: the last N layers are ladder, the rest standard; None = all
 
     def __post_init__(self):
         if self.n_kv_heads is None:
