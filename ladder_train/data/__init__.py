@@ -7,10 +7,11 @@ for inputs, labels in loader: ...          # LongTensor (batch, seq_len) each
 state = loader.state_dict(); loader.load_state_dict(state)   # exact resume
 """
 
+from .errors import DataError
 from .loader import PackedDataLoader, build_dataloader
 from .packing import PackedWindows, collate_windows
 from .sources import STDLIB_SOURCE, open_source
-from .tokenizer import BYTE_TOKENIZER, DataError, byte_tokenizer, check_vocab, eos_id, load_tokenizer
+from .tokenizer import BYTE_TOKENIZER, byte_tokenizer, check_vocab, eos_id, load_tokenizer
 
 __all__ = [
     "BYTE_TOKENIZER",

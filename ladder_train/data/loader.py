@@ -25,9 +25,10 @@ from datasets.distributed import split_dataset_by_node
 from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from .errors import DataError
 from .packing import PackedWindows, collate_windows
 from .sources import open_source, read_error_message
-from .tokenizer import DataError, eos_id
+from .tokenizer import eos_id
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from .tokenizer import DataError
+from .errors import DataError
 
 # one encode_batch call takes documents until either bound: enough to amortize the call, and few enough tokens
 # pending that the state (sent with every batch from a worker) stays small

@@ -21,7 +21,7 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 
-from .tokenizer import DataError, note
+from .errors import DataError, note
 
 log = logging.getLogger(__name__)
 

@@ -7,36 +7,16 @@ Every tokenizer here has ``<|endoftext|>``: it is appended after each document (
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from ..config import ConfigError
+from .errors import DataError, note
 
 log = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
 BYTE_TOKENIZER = "byte"  # data.tokenizer value of the built-in byte-level tokenizer (needs no download)
-
-
-class DataError(ConfigError):
-    """A data source or tokenizer that cannot be used; the message is one line naming the file or key."""
-
-
-_noted: set[str] = set()
-
-
-def note(logger: logging.Logger, message: str, *args) -> None:
-    """A warning about the data setup (which corpus, which tokenizer) once per job, not once per rank (128
-    lines at 16 x 8): global rank 0 only (RANK unset = one process), and each distinct line once per process
-    (the validation loader opens its source again at every validation)."""
-    if os.environ.get("RANK", "0") != "0":
-        return
-    text = message % args if args else message
-    if text not in _noted:
-        _noted.add(text)
-        logger.warning(text)
 
 
 def _byte_to_char() -> list[str]:

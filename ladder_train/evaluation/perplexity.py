@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..data.errors import DataError
 from ..data.packing import PackedWindows, collate_windows
-from ..data.tokenizer import DataError
 from .adapter import EOT_TOKEN, EvalError
 
 IGNORE_INDEX = -100  # labels with this value are not scored (torch's cross_entropy convention)
