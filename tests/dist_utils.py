@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ladder_train.parallel import free_port
 
 
 def _entry(rank: int, world_size: int, local_world_size: int, port: int, out_dir: str, fn, args):
@@ -38,7 +33,7 @@ def run_ranks(fn, world_size: int, *args, local_world_size: int | None = None) -
     with tempfile.TemporaryDirectory() as out_dir:
         mp.spawn(
             _entry,
-            args=(world_size, local_world_size or world_size, _free_port(), out_dir, fn, args),
+            args=(world_size, local_world_size or world_size, free_port(), out_dir, fn, args),
             nprocs=world_size,
             join=True,
         )

@@ -5,7 +5,6 @@ writes consistent results."""
 import dataclasses
 import json
 import os
-import socket
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from ladder_train.inference.tp import EmulatedLinkCommunicator
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import load_export, save_export
 from ladder_train.model.transformer import RMSNorm
+from ladder_train.parallel import free_port
 
 SHAPE = dict(vocab_size=97, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
 LAYOUTS = {"standard": ("standard", None), "parallel": ("parallel", None), "ladder": ("ladder", None)}
@@ -122,12 +122,6 @@ def _worker(rank, world, port, exports, out_dir):
     results["bandwidth"] = time.perf_counter() - start
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ import torch.distributed as dist
 
 from ..checkpoint import CheckpointError, verify_checkpoint
 from ..model import RESIDUAL_LAYOUTS, ModelArgs
+from ..parallel import free_port
 from .bench_results import derive, print_table
 from .generate import Generator
 from .tp import TPCommunicator, check_tp_degree, comm_mode_for, load_tp_model, make_communicator, resolve_args
@@ -374,12 +374,6 @@ def _spawned_rank(rank: int, opts: argparse.Namespace, world: int, port: int):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
     run_rank(opts)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv=None):

@@ -140,7 +140,7 @@ def _block_overheads(both, reps: int) -> dict:
 def measure(reps: int = 5) -> dict:
     import torch.multiprocessing as mp
 
-    from .bench import free_port
+    from ..parallel import free_port
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()

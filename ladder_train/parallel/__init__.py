@@ -2,11 +2,12 @@
 
 from .apply import parallelize
 from .init import init_sharded_weights
-from .mesh import Dist, build_mesh, init_distributed, resolve_degrees
+from .mesh import Dist, build_mesh, free_port, init_distributed, resolve_degrees
 
 __all__ = [
     "Dist",
     "build_mesh",
+    "free_port",
     "init_distributed",
     "init_sharded_weights",
     "parallelize",
