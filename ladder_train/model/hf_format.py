@@ -6,7 +6,6 @@ A standard-layout export loads in ``transformers.LlamaForCausalLM``; parallel an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -133,7 +132,3 @@ def load_export(path: str | Path, device: str | torch.device = "cpu", dtype: tor
     if dtype is not None:
         model.to(dtype)
     return model
-
-
-def export_args_dict(args: ModelArgs) -> dict:
-    return dataclasses.asdict(args)

@@ -97,9 +97,6 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
-    def reset_parameters(self):
-        nn.init.ones_(self.weight)
-
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, shape (max_seq_len, head_dim), for the rotate-half (GPT-NeoX/HF Llama) convention."""
