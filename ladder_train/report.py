@@ -330,7 +330,8 @@ def seeds_section(groups: list[seed_groups.Group], out: Path) -> list[str]:
     return [
         "Runs with equal configs apart from the seed are grouped. sd = sample standard deviation over the seeds "
         "(n − 1); s.e. of a difference = sqrt(sd₁²/n₁ + sd₂²/n₂); the paired column takes the per-seed "
-        "differences (same seed = same initial weights and data order in every layout).",
+        "differences (the same seed gives every layout the same data order and the same initial values of the weights "
+        "they share: norms, which parallel has fewer of, start at one and draw nothing).",
         "",
         markdown_table(header, rows),
         "",
