@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per tokenizing process, raw and pipeline alike
 
     cfg = DataConfig(source=args.source, tokenizer=args.tokenizer, seq_len=args.seq_len)
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer)
     eos_id(tokenizer)
     texts = [doc[cfg.text_column] for doc in open_source(cfg.source, args.split, cfg.text_column, cfg.hub_config)]
     print(f"source {args.source} ({args.split}): {len(texts)} documents, {sum(map(len, texts)) / 1e6:.1f}M characters")

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from ladder_train.config import ConfigError, DataConfig
+from ladder_train.cli import run_command
+from ladder_train.config import DataConfig
 from ladder_train.data import load_tokenizer, open_source
 from ladder_train.data.packing import document_groups
 
@@ -30,7 +31,7 @@ def write_shard(out: Path, split: str, index: int, docs: list[list[int]]) -> Non
 
 
 def prepare(cfg: DataConfig, split: str, out: Path, docs_per_shard: int) -> int:
-    tokenizer = load_tokenizer(cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer, where="--tokenizer")
     documents = open_source(cfg.source, split, cfg.text_column, cfg.hub_config)
     out.mkdir(parents=True, exist_ok=True)
     shard, pending, tokens = 0, [], 0
@@ -51,7 +52,7 @@ def prepare(cfg: DataConfig, split: str, out: Path, docs_per_shard: int) -> int:
     return shard
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--source", default=DataConfig.source)
     parser.add_argument("--hub-config", default=DataConfig.hub_config)
@@ -64,14 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = DataConfig(
         source=args.source, hub_config=args.hub_config, tokenizer=args.tokenizer, text_column=args.text_column
     )
-    try:
-        for split in args.split:
-            prepare(cfg, split, args.out, args.docs_per_shard)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    for split in args.split:
+        prepare(cfg, split, args.out, args.docs_per_shard)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("data/prepare.py", run))  # bad input: one line, exit 2

@@ -25,7 +25,6 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
@@ -59,7 +58,6 @@ __all__ = [
     "complete_checkpoints",
     "load_dcp",
     "lock_run_dir",
-    "model_from_checkpoint",
     "read_trainer_state",
     "verify_checkpoint",
 ]
@@ -113,23 +111,6 @@ def lock_run_dir(run_dir: Path):
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
-
-
-def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu"):
-    """The full (unsharded) model of a training checkpoint, in one process, whatever world saved it."""
-    from .model import ModelArgs, Transformer
-
-    path = Path(path)
-    verify_checkpoint(path, no_dist=True)
-    args = ModelArgs(**read_trainer_state(path)["model_args"])
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to_empty(device=device)
-    model.init_rope()
-    state = {"model": model.state_dict()}
-    load_dcp(state, path, no_dist=True)
-    model.load_state_dict(state["model"])
-    return model
 
 
 class Checkpointer:

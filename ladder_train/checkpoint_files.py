@@ -12,12 +12,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .errors import RunFailed
+
 COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RunFailed):
     """A checkpoint that cannot be used here; the message names the folder and the mismatch."""
 
 

@@ -1,16 +1,39 @@
-"""The ``ladder-train`` command (also ``python -m ladder_train.train``, what torchrun launches).
-``ladder-train --config R [key=value ...]`` trains; subcommands: ``show`` (resolved config and model size),
-``demo`` (the quick start's job).
+"""Every console script starts here, and here its errors become one line and an exit status.
 
-Exit status: 0 done, 1 a failure while training (non-finite loss, a bad checkpoint, run.dir locked), 2 bad input
-(config, recipe, data source), 75 preempted with a checkpoint saved (the Slurm script requeues on it)."""
+``ladder-train --config R [key=value ...]`` trains (also ``python -m ladder_train.train``, what torchrun
+launches); its subcommands are ``show`` (resolved config and model size) and ``demo`` (the quick start's job).
+``ladder-bench``, ``ladder-eval``, ``ladder-export``, ``ladder-report`` and ``ladder-predict`` parse and run in
+their own modules (``run(argv)``), called through ``run_command``.
+
+Exit status, the same for every command: 0 done; 1 the work failed (a damaged checkpoint, a non-finite loss,
+run.dir in use by another trainer: ``errors.RunFailed``); 2 bad input, nothing done (a flag, config key,
+recipe, data source, tokenizer or model folder: ``errors.InputError``; argparse's own usage errors are 2 too);
+75 preempted with a checkpoint saved (the Slurm script requeues on it). Errors print as ``PROG: error: ...``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Callable
 
-from .config import ConfigError, load_config, model_args, to_yaml
+from .config import load_config, model_args, to_yaml
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, InputError, Preempted, RunFailed
+
+
+def run_command(prog: str, command: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
+    """Run ``command(argv)`` under the error policy above; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return command(argv) or EXIT_OK
+    except Preempted as note:
+        print(f"{prog}: preempted: {note}", file=sys.stderr)
+        return EXIT_REQUEUE
+    except (InputError, RunFailed) as err:
+        if not getattr(err, "quiet", False):  # e.g. a lock refusal is printed by rank 0 only
+            print(f"{prog}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_FAILED
 
 
 def _config_parser(prog: str) -> argparse.ArgumentParser:
@@ -88,21 +111,29 @@ def cmd_demo(argv: list[str]) -> int:
 SUBCOMMANDS = {"show": cmd_show, "demo": cmd_demo}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from .checkpoint import CheckpointError
-    from .train.trainer import EXIT_REQUEUE, NonFiniteLossError, Preempted
-
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _train_command(argv: list[str]) -> int:
     command = SUBCOMMANDS[argv.pop(0)] if argv and argv[0] in SUBCOMMANDS else cmd_train
-    try:
-        return command(argv)
-    except Preempted as note:
-        print(f"preempted: {note}", file=sys.stderr)
-        return EXIT_REQUEUE
-    except (ConfigError, NonFiniteLossError, CheckpointError) as err:
-        if not getattr(err, "quiet", False):  # a lock refusal is printed by rank 0 only
-            print(f"error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, ConfigError) else 1
+    return command(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``ladder-train``."""
+    return run_command("ladder-train", _train_command, argv)
+
+
+def _module_command(prog: str, module: str) -> Callable[[list[str] | None], int]:
+    def entry(argv: list[str] | None = None) -> int:
+        return run_command(prog, importlib.import_module(module).run, argv)
+
+    entry.__doc__ = f"``{prog}``: ``{module}.run`` under the error policy."
+    return entry
+
+
+bench = _module_command("ladder-bench", "ladder_train.inference.bench")
+evaluate = _module_command("ladder-eval", "ladder_train.evaluation.cli")
+export = _module_command("ladder-export", "ladder_train.export")
+report = _module_command("ladder-report", "ladder_train.report")
+predict = _module_command("ladder-predict", "ladder_train.inference.predict")
 
 
 if __name__ == "__main__":

@@ -23,12 +23,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from .errors import InputError
 from .model.presets import PRESETS
 from .model.transformer import RESIDUAL_LAYOUTS, ModelArgs
 from .paper import PAPER_TASKS
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A recipe or override that cannot run. The message is one line naming the file, key or value."""
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, model_from_checkpoint
 from .config import ConfigError, load_config
+from .loading import model_from_checkpoint
 from .model.hf_format import save_export
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -26,7 +26,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
 
         cfg = load_config(run_config)
         try:
-            load_tokenizer(cfg.data).save(str(out_dir / "tokenizer.json"))
+            load_tokenizer(cfg.data.tokenizer).save(str(out_dir / "tokenizer.json"))
         except ConfigError as err:  # e.g. a hub tokenizer on an offline machine: the weights still export
             print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
     else:
@@ -37,20 +37,18 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
     return out_dir
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ladder-export", description=__doc__)
     parser.add_argument("checkpoint", type=Path, help="RUN_DIR/checkpoints/step-N")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     args = parser.parse_args(argv)
-    try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, DTYPES[args.dtype])
-    except (CheckpointError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    out = export_checkpoint(args.checkpoint, args.out_dir, DTYPES[args.dtype])
     print(f"exported {args.checkpoint} to {out} ({args.dtype})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import export
+
+    sys.exit(export())

@@ -362,7 +362,7 @@ def write_report(run_dirs: list[Path], out: Path, bench_files: list[Path] = ()) 
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="ladder-report", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -374,14 +374,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.runs and not args.bench:
         parser.error("give run folders, --bench files, or both")
-    try:
-        report = write_report(args.runs, args.out, args.bench)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    report = write_report(args.runs, args.out, args.bench)
     print(f"report written to {report}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .cli import report
+
+    sys.exit(report())

@@ -18,7 +18,7 @@ from dist_utils import run_ranks
 
 from ladder_train.checkpoint import COMPLETE_MARKER, Checkpointer, CheckpointError
 from ladder_train.config import load_config
-from ladder_train.train.trainer import EXIT_REQUEUE
+from ladder_train.errors import EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

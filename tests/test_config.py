@@ -91,7 +91,7 @@ def test_missing_recipe_and_bad_yaml(tmp_path):
 def test_cli_prints_one_line_error(capsys):
     assert cli_main(["show", "model.n_layer=3"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "n_layers" in err
+    assert err.count("\n") == 1 and err.startswith("ladder-train: error: ") and "n_layers" in err
 
 
 def test_cli_show_reports_preset_size(capsys):

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def starcoder(shared: Path) -> Tokenizer:
-    return load_tokenizer(DataConfig(tokenizer=str(shared / "tokenizers/starcoder/tokenizer.json")))
+    return load_tokenizer(shared / "tokenizers/starcoder/tokenizer.json")
 
 
 def fineweb_texts(shared: Path, n: int, shard: int = 0) -> list[str]:
@@ -258,7 +258,7 @@ socket.socket.connect = refuse_internet
 from ladder_train.config import load_config
 from ladder_train.data import build_dataloader, check_vocab, load_tokenizer
 cfg = load_config({str(REPO / "recipes/smoke.yaml")!r})
-tok = load_tokenizer(cfg.data)
+tok = load_tokenizer(cfg.data.tokenizer)
 check_vocab(tok, cfg.model.vocab_size)
 for split in ("train", "validation"):
     x, y = next(iter(build_dataloader(cfg.data, tok, batch_size=4, split=split, num_workers=1)))
@@ -287,7 +287,7 @@ def test_missing_path(tmp_path):
     missing = tmp_path / "nowhere" / "docs.parquet"
     assert one_line_error(DataConfig(source=str(missing))) == f"data.source: no such file or folder: {missing}"
     with pytest.raises(DataError, match=r"^data.tokenizer: no such file: .*/nothing.json$"):
-        load_tokenizer(DataConfig(tokenizer=str(tmp_path / "nothing.json")))
+        load_tokenizer(tmp_path / "nothing.json")
 
 
 @pytest.mark.parametrize("name", ["empty.jsonl", "empty.parquet"])

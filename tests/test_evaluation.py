@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 
+from ladder_train.cli import evaluate as eval_main
 from ladder_train.evaluation import EvalError, LadderLM, evaluate, format_table, validation_loss, wandb_summary
-from ladder_train.evaluation.cli import main as eval_main
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
 

@@ -142,7 +142,7 @@ def test_malformed_jsonl_line_after_the_first_is_one_line_naming_file_and_line(t
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
-        f"error: {source}: line 31 is not JSON (Invalid control character at column 18); "
+        f"ladder-train: error: {source}: line 31 is not JSON (Invalid control character at column 18); "
         "expected one JSON object per line"
     )
 
@@ -193,7 +193,7 @@ def test_data_notes_come_from_rank_zero_once(tmp_path, monkeypatch, caplog):
         caplog.clear()
         for _ in range(2):  # the validation loader opens the source again at every validation
             build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0)
-            load_tokenizer(cfg)
+            load_tokenizer(cfg.tokenizer)
         corpus = [r for r in caplog.records if r.getMessage().startswith(f"data: corpus = local {source}")]
         assert len(corpus) == expected, (rank, [r.getMessage() for r in caplog.records])
 

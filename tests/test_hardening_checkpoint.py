@@ -51,7 +51,7 @@ class Exported:
 @pytest.fixture
 def export(capsys):
     """ladder-export's main in this process (a subprocess would add ~8 s of imports per call)."""
-    from ladder_train.export import main
+    from ladder_train.cli import export as main
 
     def run(checkpoint: Path, out: Path) -> Exported:
         capsys.readouterr()
@@ -62,7 +62,9 @@ def export(capsys):
 
 
 def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
+    """ladder-train's error lines, without the program name (torchrun's workers may print other lines too)."""
+    prefix = "ladder-train: "
+    return [line.removeprefix(prefix) for line in stderr.splitlines() if line.startswith(f"{prefix}error:")]
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +167,7 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
         assert not marker.exists(), f"{name}: the payload ran"
         assert result.returncode == 1
         (line,) = result.stderr.splitlines()
-        assert line.startswith(f"error: {folder}: refused to read it: {why}"), line
+        assert line.startswith(f"ladder-export: error: {folder}: refused to read it: {why}"), line
         assert line.endswith("; the previous complete checkpoint is none")
 
     # resume: the rank entry (read last, after the weights) is refused too
@@ -234,7 +236,7 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
         assert second.returncode == 1
         (line,) = second.stderr.splitlines()
         holder = f"host {os.uname().nodename}, pid {first.pid}, since "
-        assert line.startswith(f"error: run.dir={run_dir} is in use by another trainer ({holder}"), line
+        assert line.startswith(f"ladder-train: error: run.dir={run_dir} is in use by another trainer ({holder}"), line
         assert line.endswith("); wait for it to end or pick another run.dir")
         assert (run_dir / "config.yaml").read_bytes() == config_before  # untouched
         assert first.poll() is None  # the first one trains on
@@ -310,7 +312,7 @@ def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, t
     )
     result = export(step4, tmp_path / "export")
     assert result.returncode == 1
-    assert result.stderr.splitlines() == [expected]
+    assert result.stderr.splitlines() == [f"ladder-export: {expected}"]
     assert not (tmp_path / "export" / "model.safetensors").exists()
 
     result = train(run_dir, "train.max_steps=6")  # resume picks the newest: step-4
@@ -318,12 +320,12 @@ def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, t
     assert error_lines(result.stderr) == [expected]
 
     # so do ladder-eval and the TP loader (ladder-bench, ladder-generate)
-    from ladder_train.evaluation.cli import main as eval_main
+    from ladder_train.cli import evaluate as eval_main
 
     capsys.readouterr()
-    assert eval_main([str(step4), "--tasks", "arc_easy_local"]) == 2
+    assert eval_main([str(step4), "--tasks", "arc_easy_local"]) == 1
     assert capsys.readouterr().err == f"ladder-eval: {expected}\n"
-    from ladder_train.inference.tp import load_tp_model
+    from ladder_train.loading import load_tp_model
 
     with pytest.raises(CheckpointError) as err:
         load_tp_model(step4)
@@ -344,7 +346,7 @@ def test_truncated_file_without_manifest_gives_one_line(smoke_run, tmp_path, exp
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     note, error = result.stderr.splitlines()
     assert note.startswith(f"note: {step4} has no {MANIFEST}")
-    assert error.startswith(f"error: {step4}: cannot be read (")
+    assert error.startswith(f"ladder-export: error: {step4}: cannot be read (")
     assert error.endswith(f"; the previous complete checkpoint is {step2}")
 
     # a truncated file that the manifest covers is named before DCP reads anything
@@ -352,7 +354,7 @@ def test_truncated_file_without_manifest_gives_one_line(smoke_run, tmp_path, exp
     result = export(step2, tmp_path / "export2")
     size = (step2 / "__0_0.distcp").stat().st_size
     assert result.stderr.splitlines() == [
-        f"error: {step2}: __0_0.distcp has {size} bytes, the manifest says "
+        f"ladder-export: error: {step2}: __0_0.distcp has {size} bytes, the manifest says "
         f"{json.loads((step2 / MANIFEST).read_text())['files']['__0_0.distcp']['bytes']}; "
         "the previous complete checkpoint is none"
     ]
@@ -394,7 +396,7 @@ def test_export_of_a_missing_folder_says_so(tmp_path, export):
     result = export(tmp_path / "runs" / "x" / "checkpoints" / "step-9", tmp_path / "out")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"error: {tmp_path / 'runs' / 'x' / 'checkpoints' / 'step-9'}: no such folder"
+        f"ladder-export: error: {tmp_path / 'runs' / 'x' / 'checkpoints' / 'step-9'}: no such folder"
     ]
 
 

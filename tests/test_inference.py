@@ -13,13 +13,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ladder_train.checkpoint import Checkpointer
+from ladder_train.cli import bench as bench_main
 from ladder_train.config import load_config
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
-from ladder_train.inference.bench import main as bench_main
 from ladder_train.inference.bench_results import latency_note
 from ladder_train.inference.tp import EmulatedLinkCommunicator
+from ladder_train.loading import load_model
 from ladder_train.model import ModelArgs, Transformer
-from ladder_train.model.hf_format import load_export, save_export
+from ladder_train.model.hf_format import save_export
 from ladder_train.model.transformer import RMSNorm
 from ladder_train.parallel import free_port
 
@@ -132,7 +133,7 @@ def tp_run(tmp_path_factory):
     sources = {**exports, "hybrid_checkpoint": str(make_checkpoint(root / "run", *LAYOUTS["hybrid"]))}
     mp.spawn(_worker, args=(2, free_port(), sources, str(root)), nprocs=2, join=True)
     ranks = [torch.load(root / f"rank{r}.pt") for r in range(2)]
-    reference = {name: run_model(load_export(path).eval()) for name, path in exports.items()}
+    reference = {name: run_model(load_model(path).eval()) for name, path in exports.items()}
     reference["hybrid_checkpoint_tp1"] = run_model(load_tp_model(sources["hybrid_checkpoint"]))
     return ranks, reference
 
@@ -239,16 +240,17 @@ def test_random_preset_shards_are_slices_of_the_full_init():
         assert torch.equal(a, b), name
 
 
-def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path):
+def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path, capsys):
     with pytest.raises(ValueError, match="tensor-parallel degree 3 does not divide n_heads=4"):
         load_tp_model("tiny", tp_rank=0, tp_size=3)
     path = make_export(tmp_path, "gqa", "standard", None)  # 4 heads, 2 kv heads
     with pytest.raises(ValueError, match="degree 4 does not divide n_kv_heads=2"):
         load_tp_model(path, tp_rank=0, tp_size=4)
-    with pytest.raises(SystemExit, match="degree 3 does not divide n_heads=4"):
-        bench_main(["--model", "tiny", "--tp", "3"])
-    with pytest.raises(SystemExit, match="--layouts 'standard,lader'"):
-        bench_main(["--model", "tiny", "--layouts", "standard,lader"])
+    capsys.readouterr()
+    assert bench_main(["--model", "tiny", "--tp", "3"]) == 2
+    assert capsys.readouterr().err == "ladder-bench: error: tiny: tensor-parallel degree 3 does not divide n_heads=4\n"
+    assert bench_main(["--model", "tiny", "--layouts", "standard,lader"]) == 2
+    assert "ladder-bench: error: --layouts 'standard,lader'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="neither a model preset"):
         load_tp_model(tmp_path / "missing")
     torn = tmp_path / "checkpoints" / "step-8"
@@ -298,13 +300,13 @@ def test_latency_note_compares_x_with_the_shorter_module():
     assert "3.1x" in above and "bounded near 1 + c/X = 1.33x" in above
 
 
-def test_bench_refuses_a_damaged_checkpoint_in_one_line(tmp_path):
+def test_bench_refuses_a_damaged_checkpoint_in_one_line(tmp_path, capsys):
     path = make_checkpoint(tmp_path / "run", "ladder", None)
     shard = max(path.glob("*.distcp"), key=lambda f: f.stat().st_size)
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x40  # one flipped bit in the weights
     shard.write_bytes(bytes(data))
-    with pytest.raises(SystemExit) as failure:
-        bench_main(["--model", str(path), "--gen-len", "2", "--prompt-len", "2"])
-    message = str(failure.value)
-    assert message.startswith(f"ladder-bench: {path}") and "\n" not in message
+    capsys.readouterr()
+    assert bench_main(["--model", str(path), "--gen-len", "2", "--prompt-len", "2"]) == 1  # a RunFailed
+    message = capsys.readouterr().err
+    assert message.startswith(f"ladder-bench: error: {path}") and message.count("\n") == 1

@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 
+from ladder_train.cli import predict as predict_main
 from ladder_train.inference import predict
 from ladder_train.inference.calibrate import fit_alpha_beta
 from ladder_train.inference.hardware import load_profiles, parse_profiles
@@ -178,9 +179,9 @@ def test_bad_profile_key_is_one_line_naming_file_and_key(tmp_path, capsys):
     with pytest.raises(InputError, match=r"x.yaml: g.links.fast.algorithm must be one of ring"):
         parse_profiles(__import__("yaml").safe_load(good), "x.yaml")
     # through the CLI: one line, before any work
-    with pytest.raises(SystemExit) as exit_:
-        predict.main(["--profile", str(bad), "--gpu", "gpu9"])
-    assert str(exit_.value).startswith(f"ladder-predict: {bad}: gpu9.peak_tflops") and "\n" not in str(exit_.value)
+    assert predict_main(["--profile", str(bad), "--gpu", "gpu9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ladder-predict: error: {bad}: gpu9.peak_tflops") and err.count("\n") == 1
 
 
 def yaml_profile(links: str) -> str:
@@ -192,7 +193,7 @@ def yaml_profile(links: str) -> str:
 
 def test_json_rows(tmp_path):
     out = tmp_path / "p.jsonl"
-    predict.main(
+    predict_main(
         [
             "--model",
             "llama-1b",
@@ -240,9 +241,9 @@ def test_json_rows(tmp_path):
         assert std["decode_ms_per_token"] > lad["decode_ms_per_token"] > none["decode_ms_per_token"]
 
 
-def test_emulated_link_needs_a_latency():
-    with pytest.raises(SystemExit, match="--link emulated needs --link-latency-ms"):
-        predict.main(["--model", "tiny", "--gpu", "cpu", "--link", "emulated", "--tp", "2"])
+def test_emulated_link_needs_a_latency(capsys):
+    assert predict_main(["--model", "tiny", "--gpu", "cpu", "--link", "emulated", "--tp", "2"]) == 2
+    assert "ladder-predict: error: --link emulated needs --link-latency-ms" in capsys.readouterr().err
 
 
 CPU = Device(
@@ -314,15 +315,14 @@ def test_compare_arithmetic(tmp_path):
     assert pred["standard"]["decode_ms_per_token"] > pred["ladder"]["decode_ms_per_token"] > 24
 
 
-def test_compare_without_model_args_is_one_line(tmp_path):
+def test_compare_without_model_args_is_one_line(tmp_path, capsys):
     row = bench_row("standard", 40.0, 1.0, 10.0)
     del row["model_args"]
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(SystemExit) as exit_:
-        predict.main(["--compare", str(path)])
-    assert str(exit_.value) == (
-        f"ladder-predict: {path}:1: no model_args in the row: rerun ladder-bench with a version that records them"
+    assert predict_main(["--compare", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"ladder-predict: error: {path}:1: no model_args in the row: rerun ladder-bench with a version that records them\n"
     )
 
 

@@ -6,9 +6,10 @@ import math
 import pytest
 from PIL import Image
 
+from ladder_train.cli import report as main
 from ladder_train.config import load_config, save_config
 from ladder_train.inference.link_sweep import predicted_decode_ms
-from ladder_train.report import main, write_report
+from ladder_train.report import write_report
 
 
 def fabricate_run(root, name, residual, base_loss, overrides=()):
@@ -169,7 +170,7 @@ def test_report_of_benchmarks_alone(tmp_path, capsys):
     assert main(["--bench", str(bench), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
     assert "## Tensor-parallel generation" in text and "## Results" not in text
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit):  # argparse's usage error (exit 2)
         main(["--out", str(tmp_path / "none")])
     assert "give run folders, --bench files, or both" in capsys.readouterr().err
 

@@ -1,6 +1,6 @@
 """Data: the StarCoder tokenizer, streamed documents, packing into windows, the per-rank resumable loader.
 
-tok = load_tokenizer(cfg.data)
+tok = load_tokenizer(cfg.data.tokenizer)
 check_vocab(tok, cfg.model.vocab_size)
 loader = build_dataloader(cfg.data, tokenizer=tok, batch_size=micro, dp_rank=r, dp_world_size=w, seed=seed)
 for inputs, labels in loader: ...          # LongTensor (batch, seq_len) each

@@ -43,20 +43,18 @@ def byte_tokenizer() -> Tokenizer:
     return tokenizer
 
 
-def _from_file(path: Path) -> Tokenizer:
+def _from_file(path: Path, where: str) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise DataError(f"data.tokenizer: no such file: {path}")
+        raise DataError(f"{where}: no such file: {path}")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as err:  # the Rust parser's message names the JSON position
-        raise DataError(
-            f"data.tokenizer: {path} is not a tokenizers tokenizer.json ({str(err).splitlines()[0]})"
-        ) from None
+        raise DataError(f"{where}: {path} is not a tokenizers tokenizer.json ({str(err).splitlines()[0]})") from None
 
 
-def _from_hub(name: str) -> Tokenizer:
+def _from_hub(name: str, where: str) -> Tokenizer:
     from huggingface_hub import hf_hub_download
 
     try:
@@ -64,30 +62,31 @@ def _from_hub(name: str) -> Tokenizer:
     except Exception as err:  # offline, gated (bigcode/starcoder needs an accepted license + HF_TOKEN), or unknown
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise DataError(
-            f"data.tokenizer: could not download '{name}' tokenizer.json from the hub ({type(err).__name__}: {reason}); "
-            f"offline, pass a local file (data.tokenizer=path/to/tokenizer.json) or data.tokenizer={BYTE_TOKENIZER}"
+            f"{where}: could not download '{name}' tokenizer.json from the hub ({type(err).__name__}: {reason}); "
+            f"offline, pass a local file (path/to/tokenizer.json) or {BYTE_TOKENIZER}"
         ) from None
-    return _from_file(Path(path))
+    return _from_file(Path(path), where)
 
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(".json") or Path(name).exists()
 
 
-def load_tokenizer(data_cfg) -> Tokenizer:
-    """The tokenizer named by ``data_cfg.tokenizer``: ``byte``, a local ``tokenizer.json`` (or a folder holding
-    one), or a hub name. Logs which one was used. Raises DataError (one line) if it cannot be had."""
-    name = str(data_cfg.tokenizer)
+def load_tokenizer(name_or_path: str | Path, where: str = "data.tokenizer") -> Tokenizer:
+    """The one tokenizer loader (training, export, ladder-eval): ``byte``, a local ``tokenizer.json`` (or a
+    folder holding one), or a hub name. Logs which one was used. Raises DataError (one line, naming ``where``,
+    the key or flag the name came from) if it cannot be had or has no ``<|endoftext|>``."""
+    name = str(name_or_path)
     if name == BYTE_TOKENIZER:
         tokenizer = byte_tokenizer()
         note(log, "data: tokenizer = built-in byte-level tokenizer (257 tokens, <|endoftext|> = 0), not StarCoder")
     elif _looks_like_path(name):
-        tokenizer = _from_file(Path(name).expanduser())
+        tokenizer = _from_file(Path(name).expanduser(), where)
         note(log, "data: tokenizer = local file %s (%d tokens)", name, tokenizer.get_vocab_size())
     else:
-        tokenizer = _from_hub(name)
+        tokenizer = _from_hub(name, where)
         note(log, "data: tokenizer = hub %s (%d tokens)", name, tokenizer.get_vocab_size())
-    eos_id(tokenizer, where=name)  # fail now, not in a worker
+    eos_id(tokenizer, where=f"{where} {name}")  # fail now, not in a worker
     return tokenizer
 
 

@@ -29,11 +29,13 @@ from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from ..errors import InputError
+
 EOT_TOKEN = "<|endoftext|>"  # StarCoder's bos/eos/pad; its id is read from the tokenizer
 DEFAULT_MAX_GEN_TOKS = 256
 
 
-class EvalError(ValueError):
+class EvalError(InputError):
     """Evaluation input that cannot run (task, data, tokenizer). The message is one line naming the culprit."""
 
 

@@ -47,24 +47,16 @@ def _read_export_config(model_dir: Path) -> dict:
 
 
 def _load_tokenizer(model_dir: Path, name_or_path: str | None):
-    from tokenizers import Tokenizer
+    """--tokenizer, or the one the export carries (ladder-export writes the run's tokenizer.json beside it)."""
+    from ..data import load_tokenizer
 
     if name_or_path is None:
         if not (model_dir / "tokenizer.json").is_file():
             raise EvalError(
                 f"{model_dir}: no tokenizer.json inside; pass --tokenizer PATH_OR_NAME (e.g. bigcode/starcoder)"
             )
-        name_or_path = str(model_dir / "tokenizer.json")
-    if Path(name_or_path).is_file():
-        return Tokenizer.from_file(name_or_path)
-    if Path(name_or_path).is_dir() and (Path(name_or_path) / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(Path(name_or_path) / "tokenizer.json"))
-    try:
-        return Tokenizer.from_pretrained(name_or_path)
-    except Exception as err:  # the hub client raises several types; the first line says why
-        raise EvalError(
-            f"--tokenizer {name_or_path}: not a file and not loadable from the Hub ({str(err).splitlines()[0]})"
-        ) from None
+        return load_tokenizer(model_dir / "tokenizer.json", where=str(model_dir))
+    return load_tokenizer(name_or_path, where="--tokenizer")
 
 
 def _check_tokenizer(config: dict, tokenizer, config_path: Path, tokenizer_name: str) -> None:
@@ -81,7 +73,7 @@ def _check_tokenizer(config: dict, tokenizer, config_path: Path, tokenizer_name:
         )
 
 
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from ..checkpoint import COMPLETE_MARKER
 
@@ -101,7 +93,7 @@ def run(argv: list[str] | None = None) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     import torch
 
-    from ..model.hf_format import load_export
+    from ..loading import load_model
     from .perplexity import held_out_batches, perplexity, validation_loss
     from .run import evaluate
 
@@ -116,7 +108,7 @@ def _run_export(args: argparse.Namespace) -> int:
     if args.val_data and not Path(args.val_data).exists():
         raise EvalError(f"--val-data {args.val_data} does not exist")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model = load_export(model_dir, device=device)
+    model = load_model(model_dir, device=device)
     out = Path(args.out) if args.out else model_dir / "eval" / "results.json"
 
     if tasks:
@@ -141,15 +133,7 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..checkpoint import CheckpointError
-
-    try:
-        return run(argv)
-    except (EvalError, CheckpointError) as err:  # a damaged training checkpoint is named in one line too
-        print(f"ladder-eval: error: {err}", file=sys.stderr)
-        return 2
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import evaluate
+
+    sys.exit(evaluate())

@@ -33,12 +33,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import CheckpointError, verify_checkpoint
+from ..checkpoint import verify_checkpoint
+from ..errors import InputError
+from ..loading import load_tp_model, resolve_source
 from ..model import RESIDUAL_LAYOUTS, ModelArgs
+from ..model.tp_plan import check_tp_degree
 from ..parallel import free_port
 from .bench_results import derive, print_table
 from .generate import Generator
-from .tp import TPCommunicator, check_tp_degree, comm_mode_for, load_tp_model, make_communicator, resolve_args
+from .tp import TPCommunicator, comm_mode_for, make_communicator
 
 RECORDED_ENV = (
     "NCCL_P2P_DISABLE",
@@ -92,9 +95,9 @@ def _int_list(flag: str, text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v]
     except ValueError:
-        raise SystemExit(f"ladder-bench: {flag} must be comma-separated integers, got {text!r}") from None
+        raise InputError(f"{flag} must be comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
-        raise SystemExit(f"ladder-bench: {flag} must list positive integers, got {text!r}")
+        raise InputError(f"{flag} must list positive integers, got {text!r}")
     return values
 
 
@@ -104,9 +107,7 @@ def _overrides(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in fields:
-            raise SystemExit(
-                f"ladder-bench: --set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}"
-            )
+            raise InputError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(fields)}")
         out[key] = float(value) if key in ("rope_theta", "norm_eps", "init_std") else int(value)
     return out
 
@@ -116,28 +117,29 @@ def plan(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
     layouts = [v for v in opts.layouts.split(",") if v]
     bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
     if bad or not layouts:
-        raise SystemExit(f"ladder-bench: --layouts {opts.layouts!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
+        raise InputError(f"--layouts {opts.layouts!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
     _int_list("--batch-sizes", opts.batch_sizes)
     if opts.gen_len < 2 or opts.prompt_len < 1 or opts.runs < 1 or opts.warmup < 0:
-        raise SystemExit("ladder-bench: need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
+        raise InputError("need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
     if opts.link_latency_ms < 0 or (opts.link_bandwidth_gbs is not None and opts.link_bandwidth_gbs <= 0):
-        raise SystemExit("ladder-bench: --link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
+        raise InputError("--link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
     if opts.compile == "on" and emulated_link(opts):
-        raise SystemExit("ladder-bench: the emulated link sleeps on the host and needs --compile off")
+        raise InputError("the emulated link sleeps on the host and needs --compile off")
     if opts.compile == "on" and opts.warmup < 1:
-        raise SystemExit("ladder-bench: --compile on needs --warmup >= 1 (the first run compiles)")
+        raise InputError("--compile on needs --warmup >= 1 (the first run compiles)")
     overrides = _overrides(opts.set)
     pairs = []
     for source in [m for m in opts.model.split(",") if m]:
         try:
-            args, kind = resolve_args(source, **(overrides if not _is_saved_model(source) else {}))
+            found = resolve_source(source, **(overrides if not _is_saved_model(source) else {}))
+            args, kind = found.args, found.kind
             check_tp_degree(args, tp, source)
             if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
                 verify_checkpoint(Path(source), no_dist=True)
-        except (ValueError, CheckpointError) as err:
-            raise SystemExit(f"ladder-bench: {err}") from None
+        except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
+            raise InputError(str(err)) from None
         if opts.prompt_len + opts.gen_len > args.max_seq_len:
-            raise SystemExit(f"ladder-bench: {source}: --prompt-len + --gen-len exceed max_seq_len={args.max_seq_len}")
+            raise InputError(f"{source}: --prompt-len + --gen-len exceed max_seq_len={args.max_seq_len}")
         pairs += [(source, layout) for layout in layouts] if kind == "preset" else [(source, args.residual)]
     return pairs
 
@@ -376,25 +378,28 @@ def _spawned_rank(rank: int, opts: argparse.Namespace, world: int, port: int):
     run_rank(opts)
 
 
-def main(argv=None):
+def run(argv: list[str]) -> int:
     opts = parse_args(argv)
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("WORLD_SIZE" in os.environ and "RANK" in os.environ)
     if under_torchrun:
         world = int(os.environ["WORLD_SIZE"])
         if opts.tp not in (None, world):
-            raise SystemExit(f"ladder-bench: --tp {opts.tp} differs from the torchrun world size {world}")
+            raise InputError(f"--tp {opts.tp} differs from the torchrun world size {world}")
         plan(opts, world)
         run_rank(opts)
-        return
+        return 0
     tp = opts.tp or 1
     plan(opts, tp)  # every bad input fails here, before a process starts
     if tp == 1:
         run_rank(opts)
-        return
+        return 0
     import torch.multiprocessing as mp
 
     mp.spawn(_spawned_rank, args=(opts, tp, free_port()), nprocs=tp, join=True)
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import bench
+
+    sys.exit(bench())

@@ -22,6 +22,8 @@ import platform
 import statistics
 import time
 
+from ..errors import InputError
+
 PROG = "ladder-predict calibrate"
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)  # all-reduce bytes for the alpha-beta fit
 
@@ -193,13 +195,13 @@ cpu:
 """
 
 
-def main(argv=None):
+def run(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="YAML file to write (use it with ladder-predict --profile FILE)")
     p.add_argument("--reps", type=int, default=5, help="repetitions per measurement (medians)")
     opts = p.parse_args(argv)
     if opts.reps < 1:
-        raise SystemExit(f"{PROG}: --reps must be >= 1, got {opts.reps}")
+        raise InputError(f"--reps must be >= 1, got {opts.reps}")
     start = time.perf_counter()
     text = profile_yaml(measure(opts.reps))
     with open(opts.out, "w") as f:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from .perfmodel import Device, InputError, Link
+from ..errors import InputError
+from .perfmodel import Device, Link
 
 SHIPPED = "hardware.yaml"
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..errors import InputError
 from ..model.transformer import RESIDUAL_LAYOUTS
-from .perfshapes import InputError, Shape
+from .perfshapes import Shape
 
 # ---------------------------------------------------------------------------------------------- hardware
 

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import InputError
+
 # The paper's size sweep, Llama architecture: untied output head, vocabulary 128256 unless given.
 LLAMA_SHAPES: dict[str, dict] = {
     "llama-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192),
@@ -19,10 +21,6 @@ LLAMA_SHAPES: dict[str, dict] = {
     "llama-405b": dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, ffn_dim=53248),
 }
 LLAMA_VOCAB = 128256
-
-
-class InputError(ValueError):
-    """Bad user input (a shape, a profile, a bench row): the CLI prints it as one line."""
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..errors import InputError
 from ..model.transformer import RESIDUAL_LAYOUTS
 from .hardware import load_profiles
-from .perfmodel import Emulated, InputError, predict_rows
+from .perfmodel import Emulated, predict_rows
 from .perfshapes import resolve_shape, shape_from_fields
 
 PROG = "ladder-predict"
@@ -141,7 +142,7 @@ def plan(opts) -> list[tuple]:
     return jobs
 
 
-def run(opts) -> list[dict]:
+def prediction_rows(opts) -> list[dict]:
     rows = []
     batches = _ints("--batch-sizes", opts.batch_sizes)
     layouts = _names(opts.layouts)
@@ -326,32 +327,28 @@ def print_compare(results: list[dict], summary: dict, path: str, device_name: st
     )
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        if argv[:1] == ["calibrate"]:
-            from .calibrate import main as calibrate_main
+def run(argv: list[str]) -> int:
+    if argv[:1] == ["calibrate"]:
+        from .calibrate import run as calibrate
 
-            return calibrate_main(argv[1:])
-        if argv[:1] == ["validate"]:
-            from .predict_validation import main as validate_main
+        return calibrate(argv[1:])
+    if argv[:1] == ["validate"]:
+        from .predict_validation import run as validate
 
-            return validate_main(argv[1:])
-        opts = parse_args(argv)
-        if opts.compare:
-            devices = load_profiles(opts.profile)
-            gpu = opts.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
-            if gpu not in devices:
-                raise InputError(f"--gpu {gpu!r}: no such profile (have {', '.join(devices)})")
-            bench = read_bench(opts.compare)
-            link = real_link(devices[gpu], opts.link) if opts.link else None
-            results, summary = compare(bench, devices[gpu], link)
-            print_compare(results, summary, opts.compare, gpu)
-            return 0
-        opts.gpu = opts.gpu or "h100"
-        rows = run(opts)
-    except InputError as err:
-        raise SystemExit(f"{PROG}: {err}") from None
+        return validate(argv[1:])
+    opts = parse_args(argv)
+    if opts.compare:
+        devices = load_profiles(opts.profile)
+        gpu = opts.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
+        if gpu not in devices:
+            raise InputError(f"--gpu {gpu!r}: no such profile (have {', '.join(devices)})")
+        bench = read_bench(opts.compare)
+        link = real_link(devices[gpu], opts.link) if opts.link else None
+        results, summary = compare(bench, devices[gpu], link)
+        print_compare(results, summary, opts.compare, gpu)
+        return 0
+    opts.gpu = opts.gpu or "h100"
+    rows = prediction_rows(opts)
     print_table(rows)
     if opts.out:
         with open(opts.out, "a") as f:
@@ -365,4 +362,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..cli import predict
+
+    sys.exit(predict())

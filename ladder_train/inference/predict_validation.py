@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..errors import InputError, RunFailed
+
 PROG = "ladder-predict validate"
 
 # name -> (ladder-bench --set fields, batch, prompt, gen, (X below, X above the module time) in ms)
@@ -34,7 +36,7 @@ def bench_command(fields: str, batch: int, prompt: int, gen: int, x_ms: float, r
     ]  # fmt: skip
 
 
-def main(argv=None):
+def run(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", required=True, help="writes cpu.yaml, bench.jsonl and compare.txt here")
     p.add_argument("--runs", type=int, default=3, help="ladder-bench measured runs per case (medians)")
@@ -45,15 +47,15 @@ def main(argv=None):
     cases = [c for c in opts.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
     if bad or not cases or opts.runs < 1:
-        raise SystemExit(f"{PROG}: --cases must name some of {', '.join(CASES)} and --runs be >= 1")
+        raise InputError(f"--cases must name some of {', '.join(CASES)} and --runs be >= 1")
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     profile, bench = out / "cpu.yaml", out / "bench.jsonl"
     for skip, path in ((opts.skip_calibrate, profile), (opts.skip_bench, bench)):
         if skip and not path.is_file():
-            raise SystemExit(f"{PROG}: {path} does not exist (asked to reuse it)")
+            raise InputError(f"{path} does not exist (asked to reuse it)")
     if not opts.skip_calibrate:
-        from .calibrate import main as calibrate
+        from .calibrate import run as calibrate
 
         calibrate(["--out", str(profile)])
     if not opts.skip_bench:
@@ -68,7 +70,7 @@ def main(argv=None):
         capture_output=True, text=True,
     )  # fmt: skip
     if result.returncode:
-        raise SystemExit(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"{PROG}: compare failed")
+        raise RunFailed(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compare failed")
     (out / "compare.txt").write_text(result.stdout)
     print(result.stdout)
     print(f"{PROG}: wrote {profile}, {bench} and {out / 'compare.txt'}")

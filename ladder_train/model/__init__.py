@@ -1,7 +1,7 @@
 """The model: one Transformer definition (training and inference), presets and the export format."""
 
 from .presets import PRESETS, count_params, flops_per_token, preset_args
-from .transformer import NO_COMM, RESIDUAL_LAYOUTS, Communicator, ModelArgs, Transformer
+from .transformer import NO_COMM, RESIDUAL_LAYOUTS, Communicator, ModelArgs, Transformer, build_on_meta
 
 __all__ = [
     "NO_COMM",
@@ -10,6 +10,7 @@ __all__ = [
     "Communicator",
     "ModelArgs",
     "Transformer",
+    "build_on_meta",
     "count_params",
     "flops_per_token",
     "preset_args",

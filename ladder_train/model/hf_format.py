@@ -14,6 +14,8 @@ import torch
 
 from .transformer import ModelArgs, Transformer
 
+WEIGHTS_FILE = "model.safetensors"
+
 # project name pattern -> HF name pattern ({i} is the layer index)
 _LAYER_NAMES = {
     "attention.wq.weight": "self_attn.q_proj.weight",
@@ -38,6 +40,12 @@ def to_hf_name(name: str) -> str:
     if not match or match.group(2) not in _LAYER_NAMES:
         raise KeyError(f"no Hugging Face name for parameter {name!r}")
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+
+
+def export_tensor_names(hf_names) -> dict[str, str]:
+    """Our parameter name -> the file's name, for every tensor of an export. ``lm_head.weight`` is skipped:
+    the output head is tied to the embedding (``tie_word_embeddings``)."""
+    return {from_hf_name(k): k for k in hf_names if k != "lm_head.weight"}
 
 
 def from_hf_name(name: str) -> str:
@@ -103,32 +111,6 @@ def save_export(model: Transformer, out_dir: str | Path, dtype: torch.dtype = to
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    save_file(tensors, out / WEIGHTS_FILE, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(model.args, dtype), indent=2) + "\n")
     return out
-
-
-def load_export(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Transformer:
-    """Load an export folder into a Transformer (weights in the file's dtype unless ``dtype`` is given)."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    for name in ("config.json", "model.safetensors"):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"{path}: not a ladder-train export (missing {name})")
-    config = json.loads((path / "config.json").read_text())
-    try:
-        args = args_from_hf_config(config)
-    except KeyError as err:
-        raise ValueError(f"{path / 'config.json'}: missing key {err}") from None
-    tensors = {from_hf_name(k): v for k, v in load_file(path / "model.safetensors").items() if k != "lm_head.weight"}
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to_empty(device=device)
-    model.init_weights()  # rope tables; every parameter is overwritten below
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{path / 'model.safetensors'}: missing {missing}, unexpected {unexpected}")
-    if dtype is not None:
-        model.to(dtype)
-    return model

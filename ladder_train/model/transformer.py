@@ -317,3 +317,10 @@ class Transformer(nn.Module):
     def clear_kv_cache(self):
         for layer in self.layers:
             layer.attention.kv_cache = None
+
+
+def build_on_meta(args: ModelArgs) -> Transformer:
+    """The model's structure without storage (shapes for planning, sharding and loading); ``to_empty`` then
+    gives it storage, and its weights come from ``init_weights``, a sharded init or a loaded state."""
+    with torch.device("meta"):
+        return Transformer(args)

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..config import Config
+from ..loading import model_from_state
 from ..model import ModelArgs, Transformer
 from ..parallel import Dist
 
@@ -137,12 +138,7 @@ class Evaluator:
         state = get_model_state_dict(model, options=options)
         if not self.env.is_main:
             return None
-        with torch.device("meta"):
-            full = Transformer(self.model_args)
-        full.to_empty(device=self.env.device)
-        full.init_rope()
-        full.load_state_dict(state)
-        return full.eval()
+        return model_from_state(self.model_args, state, self.env.device).eval()
 
     def _eval_wait_group(self):
         """A gloo group over all ranks with a long timeout, created once (a collective: every rank calls it).

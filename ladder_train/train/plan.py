@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config, ConfigError, model_args
-from ..model import Transformer, count_params
+from ..model import build_on_meta, count_params
 from ..parallel import build_mesh, parallelize, resolve_degrees
 from .batch import BatchPlan, resolve_dtype
 
@@ -59,8 +59,7 @@ def dry_run(cfg: Config, simulate: str | None) -> str:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         mesh = build_mesh("cpu", replicate, shard)
-        with torch.device("meta"):
-            model = Transformer(args)
+        model = build_on_meta(args)
         parallelize(model, cfg.parallel.__class__(**{**cfg.parallel.__dict__, "compile": False}), mesh, torch.bfloat16)
         local_params = sum(p.to_local().numel() for p in model.parameters())
         mesh_shape = tuple(mesh.shape)

@@ -21,7 +21,8 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer, RunDirLocked, lock_run_dir
 from ..config import Config, model_args, save_config, to_yaml
-from ..model import Transformer, flops_per_token
+from ..errors import EXIT_REQUEUE, Preempted, RunFailed
+from ..model import build_on_meta, flops_per_token
 from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
 from .batch import BatchPlan, resolve_dtype
 from .evaluator import Evaluator
@@ -29,16 +30,8 @@ from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(RunFailed):
     """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
-
-
-class Preempted(Exception):
-    """SIGTERM or SIGUSR1 arrived: a checkpoint of the current step was saved; requeue to resume."""
-
-
-# exit status after a preemption checkpoint: the Slurm script requeues the job on it (sysexits EX_TEMPFAIL)
-EXIT_REQUEUE = 75
 
 
 class Trainer:
@@ -64,9 +57,7 @@ class Trainer:
         self.mesh = build_mesh(env.device.type, replicate, shard)
         self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
         self.model_args = model_args(cfg.model)
-        with torch.device("meta"):
-            model = Transformer(self.model_args)
-        self.model = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype)
+        self.model = parallelize(build_on_meta(self.model_args), cfg.parallel, self.mesh, self.compute_dtype)
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
 
@@ -162,7 +153,7 @@ class Trainer:
     def _build_data(self):
         from ..data import build_dataloader, check_vocab, load_tokenizer
 
-        self.tokenizer = load_tokenizer(self.cfg.data)
+        self.tokenizer = load_tokenizer(self.cfg.data.tokenizer)
         check_vocab(self.tokenizer, self.cfg.model.vocab_size, "model.vocab_size")
         return build_dataloader(
             self.cfg.data,

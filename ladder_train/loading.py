@@ -1,0 +1,207 @@
+"""Where a model comes from, in one place: resolve a source, build it on the meta device, materialise it, and
+load its weights whole (``load_model``) or as one tensor-parallel rank's shard (``load_tp_model``).
+
+A source is a preset name (random weights), an export folder (``config.json`` + ``model.safetensors``,
+written by ladder-export) or a training checkpoint (``RUN_DIR/checkpoints/step-N``, DCP). Training, the
+eval hook, ladder-export, ladder-eval, ladder-bench and ``ladder_train.load_model`` all load through here.
+Checkpoints and exports are data: nothing here runs code from them (docs/design.md, "Checkpoints").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .checkpoint_data import load_dcp, read_trainer_state
+from .checkpoint_files import COMPLETE_MARKER, verify_checkpoint
+from .errors import InputError
+from .model import ModelArgs, Transformer, build_on_meta, preset_args
+from .model.hf_format import WEIGHTS_FILE, args_from_hf_config, export_tensor_names
+from .model.presets import PRESETS
+from .model.tp_plan import check_tp_degree, shard_dim, shard_slice
+from .model.transformer import rope_tables
+
+SOURCE_KINDS = ("preset", "export", "checkpoint")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What a source names: its kind, the model's shape and, for saved models, the folder."""
+
+    kind: str
+    args: ModelArgs
+    path: Path | None = None
+
+
+def resolve_source(source: str | Path, **overrides) -> ModelSource:
+    """The kind and ModelArgs of a preset name (``overrides`` set its fields), an export folder or a training
+    checkpoint. Reads only the config: no weights. Raises InputError (one line) for anything else."""
+    if str(source) in PRESETS:
+        return ModelSource("preset", preset_args(str(source), **overrides))
+    path = Path(source)
+    kind = None
+    if (path / "config.json").is_file() and (path / WEIGHTS_FILE).is_file():
+        kind = "export"
+    elif (path / ".metadata").is_file():  # a DCP checkpoint
+        if not (path / COMPLETE_MARKER).is_file():
+            raise InputError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+        kind = "checkpoint"
+    if kind is None:
+        raise InputError(
+            f"{str(source)!r} is neither a model preset ({', '.join(PRESETS)}), an export folder "
+            f"(config.json + {WEIGHTS_FILE}) nor a training checkpoint (RUN_DIR/checkpoints/step-N)"
+        )
+    if overrides:
+        raise InputError(f"{path}: field overrides apply to presets only, not to {kind}s")
+    if kind == "export":
+        config_path = path / "config.json"
+        try:
+            return ModelSource(kind, args_from_hf_config(json.loads(config_path.read_text())), path)
+        except KeyError as err:
+            raise InputError(f"{config_path}: missing key {err}") from None
+    return ModelSource(kind, ModelArgs(**read_trainer_state(path)["model_args"]), path)
+
+
+def materialize(model: Transformer, device: str | torch.device) -> Transformer:
+    """Give a meta model uninitialised storage on ``device`` and its rope tables (buffers no file holds);
+    every parameter must be loaded afterwards."""
+    model.to_empty(device=device)
+    model.init_rope()
+    return model
+
+
+def model_from_state(args: ModelArgs, state: dict[str, torch.Tensor], device: str | torch.device) -> Transformer:
+    """A full model holding ``state`` (every parameter, strictly: a missing or extra name is an error)."""
+    model = materialize(build_on_meta(args), device)
+    model.load_state_dict(state)
+    return model
+
+
+def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """The full (unsharded) model of a training checkpoint, in one process, whatever world saved it.
+    The checkpoint is verified first: a damaged one raises CheckpointError naming it."""
+    path = Path(path)
+    verify_checkpoint(path, no_dist=True)
+    model = materialize(build_on_meta(ModelArgs(**read_trainer_state(path)["model_args"])), device)
+    state = {"model": model.state_dict()}
+    load_dcp(state, path, no_dist=True)
+    model.load_state_dict(state["model"])
+    return model
+
+
+def load_model(
+    source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, **overrides
+) -> Transformer:
+    """A full Transformer from a preset name (random weights from the caller's torch seed; ``overrides`` set
+    ModelArgs fields, e.g. ``residual="ladder"``), an export folder or a training checkpoint. Saved weights
+    keep their file's dtype unless ``dtype`` is given."""
+    if str(source) not in PRESETS and Path(source).is_dir() and (Path(source) / COMPLETE_MARKER).is_file():
+        model = model_from_checkpoint(source, device)  # verified before anything is read
+    else:
+        found = resolve_source(source, **overrides)
+        if found.kind == "preset":
+            with torch.device(device):
+                model = Transformer(found.args)
+        else:
+            read, names = _export_reader(found.path)
+            model = model_from_state(found.args, {name: read(name, None) for name in names}, device)
+    return model if dtype is None else model.to(dtype)
+
+
+# one tensor-parallel rank's shard --------------------------------------------------------------------
+
+
+def _export_reader(path: Path):
+    """Reads a tensor, or one rank's slice of it, straight from the export file: nothing else is loaded."""
+    from safetensors import safe_open
+
+    handle = safe_open(path / WEIGHTS_FILE, framework="pt")
+    names = export_tensor_names(handle.keys())
+
+    def read(name: str, index: tuple[slice, ...] | None) -> torch.Tensor:
+        if name not in names:
+            raise InputError(f"{path / WEIGHTS_FILE}: missing parameter {name}")
+        return handle.get_slice(names[name])[index] if index else handle.get_tensor(names[name])
+
+    return read, set(names)
+
+
+def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: int, device, group):
+    """This rank's shard of every parameter of a training checkpoint (DCP), whatever world saved it.
+
+    Each sharded parameter is asked for as a DTensor sharded like the TP plan over the TP group, so DCP
+    reads only this rank's rows or columns (and reshards from the training layout); replicated ones are
+    read whole. With one rank there is no group and DCP reads in this process alone."""
+    shards = {}
+    if tp_size > 1:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        mesh = DeviceMesh.from_group(group, torch.device(device).type)
+    for name, param in model.named_parameters():  # ``model`` is on the meta device: shapes only
+        dim = shard_dim(name)
+        index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
+        local = torch.empty(param[index].shape if index else param.shape, device=device)
+        if tp_size > 1:
+            placement = Shard(dim) if dim is not None else Replicate()
+            local = DTensor.from_local(
+                local, mesh, [placement], run_check=False, shape=param.shape, stride=param.stride()
+            )
+        shards[name] = local
+    load_dcp({"model": shards}, path, group=group, no_dist=tp_size == 1, verify=True)
+    return {name: t.to_local() if tp_size > 1 else t for name, t in shards.items()}
+
+
+@torch.no_grad()
+def load_tp_model(
+    source: str | Path,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    group: dist.ProcessGroup | None = None,
+    **overrides,
+) -> Transformer:
+    """This rank's shard of a model, from an export folder, a training checkpoint or a preset with
+    random weights (model/tp_plan.py says which dimension of which weight is split).
+
+    A preset is initialised exactly as ``torch.manual_seed(seed)`` + ``Transformer.init_weights`` would
+    initialise the full model on ``device`` (one full tensor at a time, then sliced), so every TP degree
+    holds the same function. A checkpoint is read collectively over ``group`` (default: the world), the
+    TP group. The model is in eval mode, with no communicator installed."""
+    found = resolve_source(source, **overrides)
+    args = found.args
+    check_tp_degree(args, tp_size, str(source))
+    model = build_on_meta(args)
+    if found.kind == "checkpoint":
+        shards = _checkpoint_reader(found.path, model, tp_rank, tp_size, device, group or dist.group.WORLD)
+    elif found.kind == "export":
+        read, available = _export_reader(found.path)
+        expected = {name for name, _ in model.named_parameters()}
+        if available != expected:
+            raise InputError(f"{source}: parameters differ from config.json: {sorted(available ^ expected)[:4]}")
+    else:
+        torch.manual_seed(seed)
+    for name, param in list(model.named_parameters()):
+        dim = shard_dim(name)
+        index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
+        if found.kind == "checkpoint":
+            local = shards[name]
+        elif found.kind == "export":
+            local = read(name, index)
+        else:  # the same RNG draws, in the same order, as init_weights on the full model
+            full = torch.empty(param.shape, device=device)
+            std = model.init_std(name)
+            full = nn.init.ones_(full) if std is None else nn.init.normal_(full, mean=0.0, std=std)
+            local = full[index].clone() if index else full  # a row slice is a view: keep only the shard
+        module_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(module_name), attr, nn.Parameter(local.to(device, dtype).contiguous(), False))
+    cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval()
