@@ -1,8 +1,9 @@
 """Where a model comes from, in one place: resolve a source, build it on the meta device, materialise it, and
 load its weights whole (``load_model``) or as one tensor-parallel rank's shard (``load_tp_model``).
 
-A source is a preset name (random weights), an export folder (``config.json`` + ``model.safetensors``,
-written by ladder-export) or a training checkpoint (``RUN_DIR/checkpoints/step-N``, DCP). Training, the
+A source is a preset name (random weights), a Hugging Face Llama folder (``config.json`` + ``model.safetensors``
+or its shards: what ladder-export writes, or any pretrained Llama) or a training checkpoint
+(``RUN_DIR/checkpoints/step-N``, DCP). Training, the
 eval hook, ladder-export, ladder-eval, ladder-bench and ``ladder_train.load_model`` all load through here.
 Checkpoints and exports are data: nothing here runs code from them (docs/design.md, "Checkpoints").
 """
@@ -18,10 +19,10 @@ import torch.distributed as dist
 from torch import nn
 
 from .checkpoint_data import load_dcp, read_trainer_state
-from .checkpoint_files import COMPLETE_MARKER, verify_checkpoint
+from .checkpoint_files import COMPLETE_MARKER, first_line, verify_checkpoint
 from .errors import InputError
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
-from .model.hf_format import WEIGHTS_FILE, args_from_hf_config, export_tensor_names
+from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensor_names, weight_files
 from .model.presets import PRESETS
 from .model.tp_plan import check_tp_degree, shard_dim, shard_slice
 from .model.transformer import rope_tables
@@ -45,8 +46,8 @@ def resolve_source(source: str | Path, **overrides) -> ModelSource:
         return ModelSource("preset", preset_args(str(source), **overrides))
     path = Path(source)
     kind = None
-    if (path / "config.json").is_file() and (path / WEIGHTS_FILE).is_file():
-        kind = "export"
+    if (path / "config.json").is_file() and ((path / WEIGHTS_FILE).is_file() or (path / INDEX_FILE).is_file()):
+        kind = "export"  # a Hugging Face Llama folder, ours or a pretrained one
     elif (path / ".metadata").is_file():  # a DCP checkpoint
         if not (path / COMPLETE_MARKER).is_file():
             raise InputError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
@@ -54,7 +55,7 @@ def resolve_source(source: str | Path, **overrides) -> ModelSource:
     if kind is None:
         raise InputError(
             f"{str(source)!r} is neither a model preset ({', '.join(PRESETS)}), an export folder "
-            f"(config.json + {WEIGHTS_FILE}) nor a training checkpoint (RUN_DIR/checkpoints/step-N)"
+            f"(config.json + {WEIGHTS_FILE} or {INDEX_FILE}) nor a training checkpoint (RUN_DIR/checkpoints/step-N)"
         )
     if overrides:
         raise InputError(f"{path}: field overrides apply to presets only, not to {kind}s")
@@ -64,6 +65,8 @@ def resolve_source(source: str | Path, **overrides) -> ModelSource:
             return ModelSource(kind, args_from_hf_config(json.loads(config_path.read_text())), path)
         except KeyError as err:
             raise InputError(f"{config_path}: missing key {err}") from None
+        except InputError as err:  # an unsupported field, named
+            raise InputError(f"{config_path}: {err}") from None
     return ModelSource(kind, ModelArgs(**read_trainer_state(path)["model_args"]), path)
 
 
@@ -98,8 +101,8 @@ def load_model(
     source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None, **overrides
 ) -> Transformer:
     """A full Transformer from a preset name (random weights from the caller's torch seed; ``overrides`` set
-    ModelArgs fields, e.g. ``residual="ladder"``), an export folder or a training checkpoint. Saved weights
-    keep their file's dtype unless ``dtype`` is given."""
+    ModelArgs fields, e.g. ``residual="ladder"``), a Hugging Face Llama folder or a training checkpoint.
+    Parameters are fp32 (whatever the file's dtype) unless ``dtype`` is given."""
     if str(source) not in PRESETS and Path(source).is_dir() and (Path(source) / COMPLETE_MARKER).is_file():
         model = model_from_checkpoint(source, device)  # verified before anything is read
     else:
@@ -108,24 +111,33 @@ def load_model(
             with torch.device(device):
                 model = Transformer(found.args)
         else:
-            read, names = _export_reader(found.path)
-            model = model_from_state(found.args, {name: read(name, None) for name in names}, device)
+            read, names = _export_reader(found.path, found.args.tie_embeddings)
+            try:
+                model = model_from_state(found.args, {name: read(name, None) for name in names}, device)
+            except RuntimeError as err:  # load_state_dict: names or shapes differ from config.json
+                raise InputError(f"{found.path}: weights do not match config.json ({first_line(err)})") from None
     return model if dtype is None else model.to(dtype)
 
 
 # one tensor-parallel rank's shard --------------------------------------------------------------------
 
 
-def _export_reader(path: Path):
-    """Reads a tensor, or one rank's slice of it, straight from the export file: nothing else is loaded."""
+def _export_reader(path: Path, tie_embeddings: bool):
+    """Reads a tensor, or one rank's slice of it, straight from the folder's safetensors file(s): nothing else is
+    loaded, and each shard file is opened once, when first needed."""
     from safetensors import safe_open
 
-    handle = safe_open(path / WEIGHTS_FILE, framework="pt")
-    names = export_tensor_names(handle.keys())
+    files = weight_files(path)
+    names = export_tensor_names(files, tie_embeddings)
+    handles = {}
 
     def read(name: str, index: tuple[slice, ...] | None) -> torch.Tensor:
         if name not in names:
-            raise InputError(f"{path / WEIGHTS_FILE}: missing parameter {name}")
+            raise InputError(f"{path}: missing parameter {names.get(name, name)}")
+        file = files[names[name]]
+        if file not in handles:
+            handles[file] = safe_open(file, framework="pt")
+        handle = handles[file]
         return handle.get_slice(names[name])[index] if index else handle.get_tensor(names[name])
 
     return read, set(names)
@@ -182,7 +194,7 @@ def load_tp_model(
     if found.kind == "checkpoint":
         shards = _checkpoint_reader(found.path, model, tp_rank, tp_size, device, group or dist.group.WORLD)
     elif found.kind == "export":
-        read, available = _export_reader(found.path)
+        read, available = _export_reader(found.path, args.tie_embeddings)
         expected = {name for name, _ in model.named_parameters()}
         if available != expected:
             raise InputError(f"{source}: parameters differ from config.json: {sorted(available ^ expected)[:4]}")
@@ -202,6 +214,6 @@ def load_tp_model(
             local = full[index].clone() if index else full  # a row slice is a view: keep only the shard
         module_name, _, attr = name.rpartition(".")
         setattr(model.get_submodule(module_name), attr, nn.Parameter(local.to(device, dtype).contiguous(), False))
-    cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+    cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     return model.eval()

@@ -18,3 +18,19 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"../shared not found at {SHARED}: the local tokenizer and data samples are needed")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> Path:
+    """SmolLM2-135M-Instruct (a real pretrained Llama) as a Hugging Face folder, converted once per test session
+    from the GGUF in ../shared by its own script (sharded safetensors, tokenizer.json, chat template)."""
+    import subprocess
+    import sys
+
+    script = SHARED / "models" / "smollm2-135m-instruct" / "to_hf.py"
+    if not script.is_file():
+        pytest.skip(f"{script} not found: the pretrained SmolLM2 model is needed")
+    pytest.importorskip("gguf", reason="the SmolLM2 conversion script needs the gguf package")
+    folder = tmp_path_factory.mktemp("smollm2") / "hf"
+    subprocess.run([sys.executable, str(script), str(folder)], check=True, capture_output=True, timeout=300)
+    return folder

@@ -117,8 +117,12 @@ def test_every_model_field_reaches_the_model():
     assert {f.name for f in dataclasses.fields(ModelConfig)} == arg_fields | {"preset"}
     values = dict(vocab_size=100, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=128,
                   rope_theta=5e5, norm_eps=1e-6, init_std=0.01, residual="ladder", ladder_layers=2)  # fmt: skip
-    cfg = load_config(None, [f"model.{k}={v}" for k, v in values.items()] + ["data.seq_len=64"])
-    expected = {**dataclasses.asdict(ModelArgs()), **values}
+    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)  # fmt: skip
+    overrides = [f"model.{k}={v}" for k, v in values.items()] + ["model.tie_embeddings=false", "data.seq_len=64"]
+    overrides.append("model.rope_scaling={" + ", ".join(f"{k}: {v}" for k, v in scaling.items()) + "}")
+    cfg = load_config(None, overrides)
+    expected = {**dataclasses.asdict(ModelArgs()), **values, "tie_embeddings": False, "rope_scaling": scaling}
     assert dataclasses.asdict(model_args(cfg.model)) == expected
     # None = "as many kv heads as heads" stays None in the config (and in config.yaml), resolved by ModelArgs
     plain = load_config(None, ["model.n_heads=8", "model.dim=64"])

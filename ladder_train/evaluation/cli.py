@@ -12,7 +12,7 @@ from pathlib import Path
 from .adapter import EOT_TOKEN, EvalError
 from .task_registry import LOCAL_TASKS, PAPER_TASKS
 
-DESCRIPTION = f"""Evaluate an export folder (model.safetensors + config.json, written by ladder-export) on
+DESCRIPTION = f"""Evaluate a Hugging Face Llama folder (an export written by ladder-export, or a pretrained Llama) on
 lm-eval tasks and/or held-out perplexity, or a training checkpoint (RUN_DIR/checkpoints/step-N, exported on
 the fly with the run's tokenizer). Tasks: lm-eval built-in names (data downloaded from the Hub; default: the paper's
 {",".join(PAPER_TASKS)}), your own YAMLs (--include-path), or the offline tasks {", ".join(LOCAL_TASKS)}
@@ -21,7 +21,7 @@ over local copies (--local-data DIR, the layout of ../shared/eval)."""
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ladder-eval", description=DESCRIPTION)
-    parser.add_argument("model_dir", help="an export folder (model.safetensors + config.json) or a training checkpoint")
+    parser.add_argument("model_dir", help="a Hugging Face Llama folder (config.json + safetensors) or a training checkpoint")
     parser.add_argument("--tasks", help="comma-separated task names (default: the paper's, unless --val-data alone)")
     parser.add_argument("--include-path", help="a folder of your own lm-eval task YAMLs (read offline)")
     parser.add_argument("--local-data", help="a folder with local eval sets for the *_local tasks")
@@ -40,9 +40,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _read_export_config(model_dir: Path) -> dict:
-    for name in ("config.json", "model.safetensors"):
-        if not (model_dir / name).is_file():
-            raise EvalError(f"{model_dir}: not an export folder (missing {name}) nor a complete training checkpoint")
+    from ..model.hf_format import INDEX_FILE, WEIGHTS_FILE
+
+    if not (model_dir / "config.json").is_file():
+        raise EvalError(f"{model_dir}: not a model folder (missing config.json) nor a complete training checkpoint")
+    if not ((model_dir / WEIGHTS_FILE).is_file() or (model_dir / INDEX_FILE).is_file()):
+        raise EvalError(f"{model_dir}: not a model folder (missing {WEIGHTS_FILE} or {INDEX_FILE})")
     return json.loads((model_dir / "config.json").read_text())
 
 
@@ -67,7 +70,9 @@ def _check_tokenizer(config: dict, tokenizer, config_path: Path, tokenizer_name:
             f"tokenizer mismatch: {config_path} has vocab_size {config.get('vocab_size')} but tokenizer {tokenizer_name} has {vocab}"
         )
     eot_id = tokenizer.token_to_id(EOT_TOKEN)
-    if config.get("eos_token_id") is not None and config["eos_token_id"] != eot_id:
+    # ladder-train's own exports separate documents with <|endoftext|>; a pretrained model's eos may differ
+    # (SmolLM2-Instruct's is <|im_end|>), and scoring only needs <|endoftext|> to exist
+    if "residual" in config and config.get("eos_token_id") is not None and config["eos_token_id"] != eot_id:
         raise EvalError(
             f"tokenizer mismatch: {config_path} has eos_token_id {config['eos_token_id']} but {EOT_TOKEN} is {eot_id} in tokenizer {tokenizer_name}"
         )

@@ -1,7 +1,12 @@
-"""The export format: Hugging Face Llama parameter names in ``model.safetensors`` plus ``config.json``.
+"""The export format, which is the Hugging Face Llama folder: ``config.json`` plus ``model.safetensors`` (or
+shards listed in ``model.safetensors.index.json``) with Hugging Face Llama parameter names.
 
-A standard-layout export loads in ``transformers.LlamaForCausalLM``; parallel and ladder exports add
-``residual`` and ``ladder_layers`` fields that only ladder-train reads.
+Any Llama folder reads in (tied or untied head, GQA, ``rope_theta``, ``rope_scaling`` of type ``llama3``,
+``rms_norm_eps``); anything this model cannot compute (biases, other rope types or activations, other
+architectures) is refused with one line naming the field. A standard-layout export is a ``LlamaForCausalLM``.
+Parallel and ladder exports compute a different function from the same weights, so they declare their own
+``model_type`` (``ladder_llama``) and architecture, plus the fields ``residual`` and ``ladder_layers``:
+transformers and ``lm_eval --model hf`` refuse them instead of silently running them as a Llama.
 """
 
 from __future__ import annotations
@@ -12,9 +17,13 @@ from pathlib import Path
 
 import torch
 
-from .transformer import ModelArgs, Transformer
+from ..errors import InputError
+from .transformer import RESIDUAL_LAYOUTS, ROPE_SCALING_KEYS, ModelArgs, Transformer
 
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file
+LADDER_MODEL_TYPE = "ladder_llama"
+LADDER_ARCHITECTURE = "LadderLlamaForCausalLM"
 
 # project name pattern -> HF name pattern ({i} is the layer index)
 _LAYER_NAMES = {
@@ -28,7 +37,11 @@ _LAYER_NAMES = {
     "attention_norm.weight": "input_layernorm.weight",
     "mlp_norm.weight": "post_attention_layernorm.weight",
 }
-_TOP_NAMES = {"tok_embeddings.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+_TOP_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",  # untied heads only
+}
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -42,10 +55,10 @@ def to_hf_name(name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
-def export_tensor_names(hf_names) -> dict[str, str]:
-    """Our parameter name -> the file's name, for every tensor of an export. ``lm_head.weight`` is skipped:
-    the output head is tied to the embedding (``tie_word_embeddings``)."""
-    return {from_hf_name(k): k for k in hf_names if k != "lm_head.weight"}
+def export_tensor_names(hf_names, tie_embeddings: bool) -> dict[str, str]:
+    """Our parameter name -> the file's name, for every tensor of a folder. A tied model's ``lm_head.weight``,
+    which some tied checkpoints store anyway, is the embedding and is not read."""
+    return {from_hf_name(k): k for k in hf_names if not (tie_embeddings and k == "lm_head.weight")}
 
 
 def from_hf_name(name: str) -> str:
@@ -61,9 +74,10 @@ def from_hf_name(name: str) -> str:
 
 def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32) -> dict:
     """config.json: the LlamaConfig fields, plus ladder-train's own layout fields."""
+    is_llama = set(args.layer_layouts()) == {"standard"}
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM" if is_llama else LADDER_ARCHITECTURE],
+        "model_type": "llama" if is_llama else LADDER_MODEL_TYPE,
         "vocab_size": args.vocab_size,
         "hidden_size": args.dim,
         "intermediate_size": args.ffn_dim,
@@ -72,9 +86,10 @@ def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32) -> dict:
         "num_key_value_heads": args.n_kv_heads,
         "max_position_embeddings": args.max_seq_len,
         "rope_theta": args.rope_theta,
+        "rope_scaling": args.rope_scaling,
         "rms_norm_eps": args.norm_eps,
         "hidden_act": "silu",
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": args.tie_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
         "initializer_range": args.init_std,
@@ -87,7 +102,51 @@ def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32) -> dict:
     }
 
 
+def _refuse_unsupported(config: dict) -> None:
+    """One line naming the first field of ``config`` that this model cannot compute."""
+    model_type = config.get("model_type", "llama")
+    if model_type not in ("llama", LADDER_MODEL_TYPE):
+        raise InputError(f"model_type={model_type!r}: only Llama models ({LADDER_MODEL_TYPE} too) can be read")
+    for field in ("attention_bias", "mlp_bias"):
+        if config.get(field):
+            raise InputError(f"{field}={config[field]}: biases are not supported (Llama has none)")
+    if config.get("hidden_act", "silu") != "silu":
+        raise InputError(f"hidden_act={config['hidden_act']!r}: only silu (SwiGLU) is supported")
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim * config["num_attention_heads"] != config["hidden_size"]:
+        raise InputError(f"head_dim={head_dim}: only hidden_size / num_attention_heads is supported")
+    _rope(config)
+    if config.get("residual", "standard") not in RESIDUAL_LAYOUTS:
+        raise InputError(f"residual={config['residual']!r}: must be one of {', '.join(RESIDUAL_LAYOUTS)}")
+
+
+def _rope(config: dict) -> tuple[float, dict | None]:
+    """(rope_theta, llama3 scaling or None) from either config form: ``rope_theta`` + ``rope_scaling`` (transformers
+    4) or ``rope_parameters`` (transformers 5, theta inside)."""
+    if "rope_parameters" in config:
+        params = dict(config["rope_parameters"] or {})
+        theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
+        where = "rope_parameters"
+    else:
+        params = dict(config.get("rope_scaling") or {})
+        theta = config.get("rope_theta", 10000.0)
+        where = "rope_scaling"
+    rope_type = params.get("rope_type", params.get("type", "default" if not params else None))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise InputError(f"{where}.rope_type={rope_type!r}: only llama3 (Llama-3.1) scaling is supported")
+    missing = [k for k in ROPE_SCALING_KEYS if k not in params]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}")
+    return theta, {"rope_type": "llama3", **{k: params[k] for k in ROPE_SCALING_KEYS}}
+
+
 def args_from_hf_config(config: dict) -> ModelArgs:
+    """The ModelArgs of a Llama config.json (raises InputError naming an unsupported field, KeyError for a
+    missing required one)."""
+    _refuse_unsupported(config)
+    theta, scaling = _rope(config)
     return ModelArgs(
         vocab_size=config["vocab_size"],
         dim=config["hidden_size"],
@@ -96,16 +155,31 @@ def args_from_hf_config(config: dict) -> ModelArgs:
         n_kv_heads=config.get("num_key_value_heads"),
         ffn_dim=config["intermediate_size"],
         max_seq_len=config.get("max_position_embeddings", 2048),
-        rope_theta=config.get("rope_theta", 10000.0),
+        rope_theta=theta,
         norm_eps=config.get("rms_norm_eps", 1e-5),
         init_std=config.get("initializer_range", 0.02),
         residual=config.get("residual", "standard"),
         ladder_layers=config.get("ladder_layers"),
+        tie_embeddings=config.get("tie_word_embeddings", False),  # transformers' LlamaConfig default
+        rope_scaling=scaling,
     )
 
 
+def weight_files(path: Path) -> dict[str, Path]:
+    """HF tensor name -> the safetensors file holding it, for a single-file or a sharded folder."""
+    from safetensors import safe_open
+
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: path / file for name, file in weight_map.items()}
+    with safe_open(path / WEIGHTS_FILE, framework="pt") as handle:
+        return dict.fromkeys(handle.keys(), path / WEIGHTS_FILE)
+
+
 def save_export(model: Transformer, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model."""
+    """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model. A tied head is
+    stored once, as the embedding."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)

@@ -33,13 +33,14 @@ def preset_args(name: str, **overrides) -> ModelArgs:
 
 
 def count_params(args: ModelArgs) -> dict[str, int]:
-    """Parameter counts from the shape alone (no allocation). Embeddings are tied, so counted once."""
+    """Parameter counts from the shape alone (no allocation). A tied head is the embedding, counted once; an
+    untied head counts as a second embedding-sized matrix."""
     head_dim = args.head_dim
     attention = args.dim * head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
     mlp = 3 * args.dim * args.ffn_dim
     norms = sum(1 if layout == "parallel" else 2 for layout in args.layer_layouts()) * args.dim + args.dim
     non_embedding = args.n_layers * (attention + mlp) + norms
-    embedding = args.vocab_size * args.dim
+    embedding = args.vocab_size * args.dim * (1 if args.tie_embeddings else 2)
     return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding}
 
 

@@ -43,6 +43,10 @@ class ModelArgs:
     init_std: float = 0.02  # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
     residual: str = "standard"  # standard | parallel | ladder
     ladder_layers: int | None = None  # ladder only: the last N layers are ladder, the rest standard; None = all
+    tie_embeddings: bool = True  # the output head is the embedding matrix; False: its own `output` weight
+    # Llama-3.1's rope frequency scaling, as in a Hugging Face config: {"rope_type": "llama3", "factor",
+    # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; None = plain RoPE
+    rope_scaling: dict | None = None
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -98,9 +102,29 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama-3.1's scaled frequencies (Meta's reference code; transformers' ``rope_type: llama3``): wavelengths
+    longer than the original context / low_freq_factor are divided by ``factor``, shorter than original /
+    high_freq_factor kept, and the band between interpolated linearly in original_context / wavelength."""
+    factor, low, high, original = (float(scaling[k]) for k in ROPE_SCALING_KEYS)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(
+        wavelen < original / high, inv_freq, torch.where(wavelen > original / low, inv_freq / factor, scaled)
+    )
+
+
+def rope_tables(
+    head_dim: int, max_seq_len: int, theta: float, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, shape (max_seq_len, head_dim), for the rotate-half (GPT-NeoX/HF Llama) convention."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -239,7 +263,9 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleList(Block(args, layout) for layout in args.layer_layouts())
         self.norm = RMSNorm(args.dim, args.norm_eps)
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        # an untied head is replicated under TP (like the embedding) and sharded by FSDP with the root
+        self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.init_weights()
@@ -260,7 +286,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_rope(self):
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta)
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, self.args.rope_scaling)
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
@@ -302,8 +328,8 @@ class Transformer(nn.Module):
             comm = self.layers[-1].comm
             r = r + comm.wait(pending_attn) + comm.wait(pending_mlp)
         h = self.norm(r[:, -1:] if last_only else r)
-        # tied embeddings; logits in fp32 so the loss is computed on upcast values
-        return F.linear(h, self.tok_embeddings.weight).float()
+        head = self.tok_embeddings.weight if self.output is None else self.output.weight
+        return F.linear(h, head).float()  # fp32 logits: the loss is computed on upcast values
 
     def setup_kv_cache(self, batch: int, max_len: int, dtype=None, device=None):
         """Give every attention layer a static cache; ``forward(ids, start_pos)`` then decodes incrementally."""
