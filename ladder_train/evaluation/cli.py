@@ -21,7 +21,9 @@ over local copies (--local-data DIR, the layout of ../shared/eval)."""
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ladder-eval", description=DESCRIPTION)
-    parser.add_argument("model_dir", help="a Hugging Face Llama folder (config.json + safetensors) or a training checkpoint")
+    parser.add_argument(
+        "model_dir", help="a Hugging Face Llama folder (config.json + safetensors) or a training checkpoint"
+    )
     parser.add_argument("--tasks", help="comma-separated task names (default: the paper's, unless --val-data alone)")
     parser.add_argument("--include-path", help="a folder of your own lm-eval task YAMLs (read offline)")
     parser.add_argument("--local-data", help="a folder with local eval sets for the *_local tasks")
