@@ -1,10 +1,10 @@
 """Device mesh, FSDP2/HSDP sharding, activation checkpointing, compile, and sharded initialisation."""
 
-from .apply import parallelize
-from .init import init_sharded_weights
-from .mesh import Dist, build_mesh, free_port, init_distributed, resolve_degrees
+from .apply import init_sharded_weights, parallelize, resolve_dtype
+from .mesh import BatchPlan, Dist, build_mesh, free_port, init_distributed, resolve_degrees
 
 __all__ = [
+    "BatchPlan",
     "Dist",
     "build_mesh",
     "free_port",
@@ -12,4 +12,5 @@ __all__ = [
     "init_sharded_weights",
     "parallelize",
     "resolve_degrees",
+    "resolve_dtype",
 ]

@@ -1,5 +1,6 @@
 """Parallelisms as plain functions, applied in a fixed order: activation checkpointing, then
-torch.compile, then fully_shard (each block, then the root)."""
+torch.compile, then fully_shard (each block, then the root); the compute dtype they run in; and the sharded
+initialisation that makes the weights independent of how the model is sharded."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..config import ParallelConfig
 from ..model import Transformer
@@ -46,3 +48,33 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param
     if mesh.size() > 1 or param_dtype != torch.float32:
         apply_fsdp(model, mesh, param_dtype)
     return model
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """bf16 compute on GPUs, fp32 on the CPU (bf16 is ~30x slower there), unless the recipe insists."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+@torch.no_grad()
+def init_sharded_weights(model: Transformer, seed: int) -> None:
+    """Draw every parameter in full from one seeded generator (the same on every rank, in
+    named_parameters order) and keep this rank's shard. So 1, 2 or 4 processes, FSDP or HSDP, start
+    from bit-identical weights; the transient full tensor is one parameter at a time."""
+    model.init_rope()
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        full = torch.empty(param.shape, dtype=param.dtype, device=device)
+        std = model.init_std(name)
+        if std is None:
+            full.fill_(1.0)
+        else:
+            full.normal_(mean=0.0, std=std, generator=generator)
+        if isinstance(param, DTensor):
+            # every rank holds the same full tensor, so each slices its own shard without communication
+            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+            param.to_local().copy_(local)
+        else:
+            param.copy_(full)

@@ -1,4 +1,5 @@
-"""Process group and device mesh: one process or many (torchrun/srun), HSDP, FSDP or plain data parallel."""
+"""Process group and device mesh: one process or many (torchrun/srun), HSDP, FSDP or plain data parallel; and
+how the global batch splits over the data-parallel ranks (``BatchPlan``), which the trainer and the dry run share."""
 
 from __future__ import annotations
 
@@ -99,3 +100,32 @@ def build_mesh(device_type: str, replicate: int, shard: int) -> DeviceMesh:
         options._timeout = _timeout
         override = {name: (backend, options) for name in names}
     return init_device_mesh(device_type, (replicate, shard), mesh_dim_names=names, backend_override=override)
+
+
+@dataclass
+class BatchPlan:
+    """How the global batch splits: over data-parallel ranks, then into micro-batches."""
+
+    global_batch: int
+    micro_batch: int
+    dp_world: int
+    seq_len: int
+
+    @property
+    def per_rank(self) -> int:
+        return self.global_batch // self.dp_world
+
+    @property
+    def accumulation(self) -> int:
+        return self.per_rank // self.micro_batch
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def check(self) -> None:
+        if self.global_batch % (self.micro_batch * self.dp_world):
+            raise ConfigError(
+                f"key 'train.global_batch_size'={self.global_batch} is not a multiple of "
+                f"train.micro_batch_size={self.micro_batch} x {self.dp_world} data-parallel ranks"
+            )

@@ -13,8 +13,7 @@ import torch.distributed as dist
 
 from ..config import Config, ConfigError, model_args
 from ..model import build_on_meta, count_params
-from ..parallel import build_mesh, parallelize, resolve_degrees
-from .batch import BatchPlan, resolve_dtype
+from ..parallel import BatchPlan, build_mesh, parallelize, resolve_degrees, resolve_dtype
 
 GIB = 2**30
 

@@ -23,8 +23,7 @@ from ..checkpoint import Checkpointer, RunDirLocked, lock_run_dir
 from ..config import Config, model_args, save_config, to_yaml
 from ..errors import EXIT_REQUEUE, Preempted, RunFailed
 from ..model import build_on_meta, flops_per_token
-from ..parallel import Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees
-from .batch import BatchPlan, resolve_dtype
+from ..parallel import BatchPlan, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
