@@ -2,7 +2,7 @@
 
 ``ladder-train --config R [key=value ...]`` trains (also ``python -m ladder_train.train``, what torchrun
 launches); its subcommands are ``show`` (resolved config and model size) and ``demo`` (the quick start's job).
-``ladder-bench``, ``ladder-eval``, ``ladder-export``, ``ladder-report`` and ``ladder-predict`` parse and run in
+``ladder-bench``, ``ladder-eval``, ``ladder-export``, ``ladder-report``, ``ladder-predict`` and ``ladder-generate`` parse and run in
 their own modules (``run(argv)``), called through ``run_command``.
 
 Exit status, the same for every command: 0 done; 1 the work failed (a damaged checkpoint, a non-finite loss,
@@ -134,6 +134,7 @@ evaluate = _module_command("ladder-eval", "ladder_train.evaluation.cli")
 export = _module_command("ladder-export", "ladder_train.export")
 report = _module_command("ladder-report", "ladder_train.report")
 predict = _module_command("ladder-predict", "ladder_train.inference.predict")
+generate = _module_command("ladder-generate", "ladder_train.inference.generate")
 
 
 if __name__ == "__main__":

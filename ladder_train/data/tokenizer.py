@@ -106,3 +106,23 @@ def check_vocab(tokenizer: Tokenizer, model_vocab_size: int, where: str = "model
             f"{where}: the model's vocabulary is {model_vocab_size} but the tokenizer has {size} tokens; "
             f"set model.vocab_size={size} or use the matching tokenizer"
         )
+
+
+def model_tokenizer(model: str | Path, override: str | None = None) -> tuple[Tokenizer, str]:
+    """The tokenizer of a saved model and where it came from (for messages); ladder-eval and ladder-generate
+    both resolve it here. ``override`` (their ``--tokenizer``) wins; else the folder's own ``tokenizer.json`` (a
+    Hugging Face folder, or an export: ladder-export copies the run's tokenizer into it); else, for a training
+    checkpoint ``RUN_DIR/checkpoints/step-N``, the run's ``data.tokenizer`` in ``RUN_DIR/config.yaml``.
+    Raises DataError (one line) when there is none."""
+    if override is not None:
+        return load_tokenizer(override, where="--tokenizer"), str(override)
+    folder = Path(model)
+    if (folder / "tokenizer.json").is_file():
+        return load_tokenizer(folder / "tokenizer.json", where=str(folder)), str(folder / "tokenizer.json")
+    run_config = folder.resolve().parent.parent / "config.yaml"
+    if (folder / ".metadata").is_file() and run_config.is_file():  # a DCP checkpoint inside its run
+        from ..config import load_config
+
+        name = load_config(run_config).data.tokenizer
+        return load_tokenizer(name, where=f"{run_config} data.tokenizer"), str(name)
+    raise DataError(f"{folder}: no tokenizer.json inside; pass --tokenizer PATH_OR_NAME (e.g. bigcode/starcoder)")

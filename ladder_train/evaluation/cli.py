@@ -51,19 +51,6 @@ def _read_export_config(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text())
 
 
-def _load_tokenizer(model_dir: Path, name_or_path: str | None):
-    """--tokenizer, or the one the export carries (ladder-export writes the run's tokenizer.json beside it)."""
-    from ..data import load_tokenizer
-
-    if name_or_path is None:
-        if not (model_dir / "tokenizer.json").is_file():
-            raise EvalError(
-                f"{model_dir}: no tokenizer.json inside; pass --tokenizer PATH_OR_NAME (e.g. bigcode/starcoder)"
-            )
-        return load_tokenizer(model_dir / "tokenizer.json", where=str(model_dir))
-    return load_tokenizer(name_or_path, where="--tokenizer")
-
-
 def _check_tokenizer(config: dict, tokenizer, config_path: Path, tokenizer_name: str) -> None:
     """The model must have been trained with this tokenizer: same vocabulary size, same end-of-text id."""
     vocab = tokenizer.get_vocab_size()
@@ -100,14 +87,15 @@ def run(argv: list[str]) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     import torch
 
+    from ..data.tokenizer import model_tokenizer
     from ..loading import load_model
     from .perplexity import held_out_batches, perplexity, validation_loss
     from .run import evaluate
 
     model_dir = Path(args.model_dir)
     config = _read_export_config(model_dir)
-    tokenizer = _load_tokenizer(model_dir, args.tokenizer)
-    _check_tokenizer(config, tokenizer, model_dir / "config.json", args.tokenizer or str(model_dir / "tokenizer.json"))
+    tokenizer, tokenizer_name = model_tokenizer(model_dir, args.tokenizer)
+    _check_tokenizer(config, tokenizer, model_dir / "config.json", tokenizer_name)
     if args.tasks is not None:
         tasks = [t for t in args.tasks.split(",") if t.strip()]
     else:

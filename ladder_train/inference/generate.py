@@ -11,14 +11,19 @@ tensor, which selects the model's static-shape path (the whole cache, masked), s
 step; the prefill has one graph per prompt shape. Each Generator's graphs are specialised to its model and
 communicator (dynamo guards on them): the benchmark raises dynamo's recompile limit to its number of
 (model, communicator, batch size) cases and counts the compilations.
+
+The end of this file is the ``ladder-generate`` command (``run``), also what torchrun launches with ``-m``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..model import Transformer
+from ..model.tp_plan import check_tp_degree
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> torch.Tensor:
@@ -113,9 +118,14 @@ class Generator:
         top_k: int | None = None,
         seed: int = 0,
         on_prefill_done=None,
+        stop_tokens: Sequence[int] | None = None,
     ) -> torch.Tensor:
         """Greedy or top-k/temperature generation of ``max_new_tokens`` after ``prompt`` (B, T).
-        ``on_prefill_done`` (optional) is called once the first token exists, for timing."""
+        ``on_prefill_done`` (optional) is called once the first token exists, for timing.
+
+        ``stop_tokens`` (default none: always ``max_new_tokens``, as the benchmark needs): a row is finished once
+        it has produced one of these ids, and repeats it from then on; generation ends when every row is
+        finished, so the result can be shorter than ``max_new_tokens``."""
         batch, prompt_len = prompt.shape
         total = prompt_len + max_new_tokens
         if total > self.model.args.max_seq_len:
@@ -130,7 +140,203 @@ class Generator:
         if on_prefill_done is not None:
             on_prefill_done()
         out = [tokens]
+        stop = torch.tensor(list(stop_tokens), device=self.device) if stop_tokens else None
+        finished = torch.isin(tokens, stop) if stop is not None else None
         for pos in range(prompt_len, total - 1):
-            tokens = agree(sample(self.decode_step(tokens, pos), temperature, top_k, generator))
+            # every rank holds the same tokens (replicated logits or agree), so every rank leaves at the same step
+            if finished is not None and bool(finished.all()):
+                break
+            new = agree(sample(self.decode_step(tokens, pos), temperature, top_k, generator))
+            if finished is not None:
+                new = torch.where(finished, tokens, new)  # a finished row keeps repeating its stop token
+                finished |= torch.isin(new, stop)
+            tokens = new
             out.append(tokens)
         return torch.stack(out, dim=1)
+
+
+# ``ladder-generate``: one prompt, one completion ------------------------------------------------------------
+
+DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama
+folder or export (tokenizer: its tokenizer.json) or a training checkpoint RUN_DIR/checkpoints/step-N (tokenizer:
+the run's data.tokenizer). Generation stops at the end-of-sequence token: the eos_token of MODEL/tokenizer_config.json,
+else eos_token_id of MODEL/generation_config.json, else of MODEL/config.json, else <|endoftext|>; or after
+--max-new-tokens. Tensor parallel: torchrun --nproc-per-node N -m ladder_train.inference.generate MODEL ...
+(each rank loads only its shard; rank 0 prints)."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _parser():
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="ladder-generate", description=DESCRIPTION)
+    parser.add_argument("model", help="a Hugging Face Llama folder, an export or RUN_DIR/checkpoints/step-N")
+    parser.add_argument("--prompt", required=True, help="the text to complete")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy; above 0: sample")
+    parser.add_argument("--top-k", type=int, help="with --temperature > 0: sample among the K most likely tokens")
+    parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default 0)")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as one user message in MODEL's chat template"
+    )
+    parser.add_argument("--tokenizer", help="tokenizer.json path or hub name (default: MODEL's, see above)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
+    return parser
+
+
+def _read_json(path):
+    """A folder's optional JSON file: {} when absent."""
+    import json
+
+    from ..errors import InputError
+
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: unreadable ({err})") from None
+
+
+def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
+    """The end-of-sequence ids generation stops at and where they were found (see DESCRIPTION for the order).
+    An id list (Llama 3's generation_config.json has several) stops at any of them."""
+    from ..data.chat import TOKENIZER_CONFIG, _token_text
+    from ..errors import InputError
+
+    eos_text = _token_text(_read_json(folder / TOKENIZER_CONFIG).get("eos_token"))
+    if eos_text:
+        token_id = tokenizer.token_to_id(eos_text)
+        if token_id is None:
+            raise InputError(f"{folder / TOKENIZER_CONFIG}: eos_token {eos_text!r} is not in the tokenizer")
+        return [token_id], f"{eos_text} (eos_token of {TOKENIZER_CONFIG})"
+    for name in ("generation_config.json", "config.json"):
+        ids = _read_json(folder / name).get("eos_token_id")
+        if ids is not None:
+            ids = [ids] if isinstance(ids, int) else list(ids)
+            if not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+                raise InputError(f"{folder / name}: eos_token_id {ids} is not a token id below {vocab_size}")
+            return ids, f"{' or '.join(str(tokenizer.id_to_token(i)) for i in ids)} (eos_token_id of {name})"
+    token_id = tokenizer.token_to_id("<|endoftext|>")
+    return ([], "none") if token_id is None else ([token_id], "<|endoftext|> (in the vocabulary)")
+
+
+def encode_prompt(args, source, tokenizer) -> list[int]:
+    """The prompt's token ids, checked against the model's context before anything is loaded."""
+    from ..errors import InputError
+
+    text = args.prompt
+    if args.chat:
+        from ..data.chat import load_chat_template
+
+        text = load_chat_template(source.path).render([{"role": "user", "content": text}], add_generation_prompt=True)
+    # a template writes its own special tokens (bos included) as text; a plain prompt gets the tokenizer's own
+    # (e.g. a Llama's leading bos), as transformers does
+    ids = tokenizer.encode(text, add_special_tokens=not args.chat).ids
+    max_len = source.args.max_seq_len
+    if not ids:
+        raise InputError("--prompt is empty: there is nothing to complete")
+    if len(ids) >= max_len:
+        raise InputError(
+            f"the prompt is {len(ids)} tokens, the model's max_seq_len is {max_len}: no room for a new token"
+        )
+    if len(ids) + args.max_new_tokens > max_len:
+        raise InputError(
+            f"the prompt ({len(ids)} tokens) + --max-new-tokens {args.max_new_tokens} exceed the model's "
+            f"max_seq_len={max_len}: at most {max_len - len(ids)} new tokens fit"
+        )
+    return ids
+
+
+def prepare(args, world: int):
+    """Every check of the input, before any weights are read: the source, its tokenizer and stop tokens, the
+    chat template, the prompt's length and the TP degree. Raises InputError (one line)."""
+    from ..data.tokenizer import model_tokenizer
+    from ..errors import InputError
+    from ..loading import resolve_source
+
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise InputError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
+    if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
+        raise InputError(f"--top-k {args.top_k}: needs --temperature > 0 and K >= 1 (it samples among K tokens)")
+    source = resolve_source(args.model)
+    if source.kind == "preset":
+        raise InputError(
+            f"{args.model!r} is a preset (random weights, no tokenizer): give a model folder or checkpoint"
+        )
+    check_tp_degree(source.args, world, args.model)
+    tokenizer, _ = model_tokenizer(source.path, args.tokenizer)
+    if tokenizer.get_vocab_size() > source.args.vocab_size:
+        raise InputError(
+            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but {args.model} only "
+            f"vocab_size={source.args.vocab_size}: not the tokenizer it was trained with"
+        )
+    stop, stop_name = stop_tokens(source.path, tokenizer, source.args.vocab_size)
+    return source, tokenizer, encode_prompt(args, source, tokenizer), stop, stop_name
+
+
+def completion_text(tokenizer, prompt: list[int], new: list[int], stop: list[int]) -> str:
+    """The new tokens as text, up to (not including) the first stop token. Decoded together with the prompt and
+    cut after it, because some decoders render a token differently at the start of a text (a leading space)."""
+    cut = next((i for i, token in enumerate(new) if token in stop), len(new))
+    head = tokenizer.decode(prompt, skip_special_tokens=False)
+    full = tokenizer.decode(prompt + new[:cut], skip_special_tokens=False)
+    return full[len(head) :] if full.startswith(head) else tokenizer.decode(new[:cut], skip_special_tokens=False)
+
+
+def run(argv: list[str]) -> int:
+    """``ladder-generate``; one rank of it under torchrun."""
+    import os
+    import sys
+    import time
+
+    from ..errors import InputError
+    from ..loading import load_tp_model
+    from .tp import TPCommunicator, comm_mode_for
+
+    args = _parser().parse_args(argv)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        source, tokenizer, prompt, stop, stop_name = prepare(args, world)
+    except InputError as err:
+        err.quiet = rank != 0  # every rank found the same bad input: one line, from rank 0
+        raise
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
+    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
+    group = None
+    if world > 1:
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo", rank=rank, world_size=world, device_id=device if cuda else None
+        )
+        group = dist.group.WORLD
+    try:
+        model = load_tp_model(source.path, rank, world, device, dtype, group=group)
+        if group is not None:  # the ladder's all-reduces overlap the next module, as in the benchmark
+            model.set_communicator(TPCommunicator(comm_mode_for(model.args.residual), group))
+        start = time.perf_counter()
+        new = Generator(model, group).generate(
+            torch.tensor([prompt], device=device), args.max_new_tokens, args.temperature, args.top_k, args.seed,
+            stop_tokens=stop,
+        )[0].tolist()  # fmt: skip
+        seconds = time.perf_counter() - start
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
+    if rank == 0:
+        print(completion_text(tokenizer, prompt, new, stop), flush=True)
+        ended = f"stopped at {stop_name}" if new[-1] in stop else f"--max-new-tokens {args.max_new_tokens} reached"
+        print(f"ladder-generate: {len(new)} new tokens in {seconds:.1f} s at TP {world}; {ended}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ..cli import generate
+
+    sys.exit(generate())
