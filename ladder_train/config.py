@@ -45,7 +45,7 @@ class ModelConfig(ModelArgs):
     """``model.*``: the model's own fields (``ModelArgs`` in model/transformer.py documents each one) plus the
     preset they start from."""
 
-    preset: str | None = None  # a shape from presets.py (1.2B, 3.5B, 1.5B, 4.5B, 3.5B-32h, tiny, small)
+    preset: str | None = None  # a shape from presets.py (1.2B, 3.5B, 1.5B, 4.5B, 3.5B-32h, smollm2-135m, tiny, small)
 
     def __post_init__(self):
         pass  # the config keeps n_kv_heads=None ("= n_heads") as written; ModelArgs resolves it
@@ -68,6 +68,11 @@ class DataConfig:
     validation_source: str | None = (
         None  # held-out documents for eval.val_every (its validation split); None = data.source's
     )
+    # text: documents, every token scored (pretraining) | chat: conversations (a 'messages' column of
+    # {role, content} lists) rendered with data.chat_template, the loss on assistant tokens only (SFT)
+    format: str = "text"
+    # chat: a model folder whose tokenizer_config.json holds the chat template (e.g. ${checkpoint.init_from})
+    chat_template: str | None = None
 
 
 @dataclass
@@ -96,6 +101,9 @@ class TrainConfig:
     log_every: int = 10  # steps between metric lines
     dtype: str = "auto"  # compute dtype: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     max_nonfinite_skips: int = 0  # NaN/inf loss or grad norm: skip the step up to this many times, then stop
+    # keep the first K transformer blocks fixed (adapting a pretrained model: only the upper layers learn);
+    # embeddings, the output head and the final norm still train
+    freeze_layers: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
@@ -119,6 +127,10 @@ class CheckpointConfig:
     async_save: bool = False  # write checkpoints in the background while training continues
     load: str | None = None  # start from this checkpoint instead of the newest one in run.dir
     load_model_only: bool = False  # take weights only (fine-tuning), not optimizer/data state
+    # a fresh run starts from these weights instead of random ones: a Hugging Face Llama folder, an export or a
+    # training checkpoint. The model.* shape must match it; model.residual / ladder_layers may differ (that is
+    # the conversion to a (hybrid) ladder). Ignored when run.dir already holds a checkpoint to resume.
+    init_from: str | None = None
 
 
 @dataclass
@@ -159,6 +171,7 @@ class Config:
 CHOICES = {
     "model.residual": RESIDUAL_LAYOUTS,
     "train.dtype": ("auto", "bf16", "fp32"),
+    "data.format": ("text", "chat"),
     "parallel.activation_checkpoint": ("none", "full", "every_n"),
     "wandb.mode": ("online", "offline", "disabled"),
     "eval.mode": ("inprocess", "slurm"),
@@ -265,6 +278,11 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(f"key 'train.log_every' must be a positive number of steps, got {t.log_every}")
     if cfg.data.shuffle_buffer < 0:
         raise ConfigError(f"key 'data.shuffle_buffer' must be >= 0 (0 = no shuffling), got {cfg.data.shuffle_buffer}")
+    if cfg.data.format == "chat" and not cfg.data.chat_template:
+        raise ConfigError(
+            "key 'data.chat_template' is required with data.format=chat: a model folder whose tokenizer_config.json "
+            "holds the chat template"
+        )
     if cfg.parallel.timeout_s <= 0:
         raise ConfigError(
             f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}"
@@ -286,6 +304,13 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(f"key 'train.schedule.min_lr_ratio' must lie in [0, 1], got {s.min_lr_ratio}")
     if cfg.checkpoint.keep < 0:
         raise ConfigError(f"key 'checkpoint.keep' must be >= 0 (0 keeps every checkpoint), got {cfg.checkpoint.keep}")
+    if cfg.checkpoint.init_from is not None and cfg.checkpoint.load is not None:
+        raise ConfigError(
+            "keys 'checkpoint.init_from' and 'checkpoint.load' are both set: init_from starts a new run from weights, "
+            "load continues a saved one; set one"
+        )
+    if not 0 <= t.freeze_layers <= m.n_layers:
+        raise ConfigError(f"key 'train.freeze_layers'={t.freeze_layers} must lie in [0, model.n_layers={m.n_layers}]")
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,12 +30,26 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
             load_tokenizer(cfg.data.tokenizer).save(str(out_dir / "tokenizer.json"))
         except ConfigError as err:  # e.g. a hub tokenizer on an offline machine: the weights still export
             print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
+        _copy_chat_template(cfg, out_dir)
     else:
         print(
             f"warning: {run_config} not found; the export has no tokenizer.json (pass --tokenizer to ladder-eval)",
             file=sys.stderr,
         )
     return out_dir
+
+
+def _copy_chat_template(cfg, out_dir: Path) -> None:
+    """A model adapted from a pretrained folder keeps its chat format: the tokenizer_config.json beside the run's
+    tokenizer.json (or of data.chat_template) goes into the export, so ladder-generate --chat finds it."""
+    from .data.chat import TOKENIZER_CONFIG
+
+    folders = [Path(cfg.data.chat_template)] if cfg.data.chat_template else []
+    folders.append(Path(cfg.data.tokenizer).parent)
+    for folder in folders:
+        if (folder / TOKENIZER_CONFIG).is_file():
+            shutil.copyfile(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)
+            return
 
 
 def run(argv: list[str]) -> int:

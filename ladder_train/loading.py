@@ -11,6 +11,7 @@ Checkpoints and exports are data: nothing here runs code from them (docs/design.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,3 +218,66 @@ def load_tp_model(
     cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     return model.eval()
+
+
+# a training run's starting weights ---------------------------------------------------------------------
+
+# what must agree between a run's model and the weights it starts from: every parameter's shape and the function
+# of the parts a layout does not change. The residual layout may differ: that is the conversion to a ladder.
+INIT_MATCH_FIELDS = (
+    "vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "tie_embeddings", "rope_theta",
+    "rope_scaling", "norm_eps",
+)  # fmt: skip
+
+
+def _same(a, b) -> bool:
+    """Equal, floats to float32 precision (a config.json may write 1e-5 as 9.999999747378752e-06)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6)
+    return a == b
+
+
+def check_init_source(source: str | Path, run_args: ModelArgs, where: str = "checkpoint.init_from") -> ModelSource:
+    """The saved model a run starts from, after checking that it fits ``run_args`` (reads configs only).
+    Raises InputError, one line naming ``where``, for anything else."""
+    try:
+        found = resolve_source(source)
+    except InputError as err:
+        raise InputError(f"{where}: {err}") from None
+    if found.kind == "preset":
+        raise InputError(f"{where}={source!s}: a preset has no weights; give a model folder or a checkpoint")
+    differ = [
+        f"{k} {getattr(found.args, k)!r} there, {getattr(run_args, k)!r} in the recipe"
+        for k in INIT_MATCH_FIELDS
+        if not _same(getattr(found.args, k), getattr(run_args, k))
+    ]
+    if differ:
+        raise InputError(f"{where}={source!s}: the model differs from the recipe's model.* ({'; '.join(differ)})")
+    return found
+
+
+@torch.no_grad()
+def load_initial_weights(model: nn.Module, found: ModelSource) -> None:
+    """Copy a saved model's weights into a training model, sharded (FSDP2/HSDP) or not, in place.
+
+    A folder is read one tensor at a time (each rank keeps its shard of it, as ``init_sharded_weights`` does
+    with random weights); a training checkpoint is read by DCP straight into the shards, whatever world saved
+    it. ``found`` comes from ``check_init_source``."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    state = get_model_state_dict(model)  # clean names -> the parameters themselves (DTensor shards under FSDP)
+    if found.kind == "checkpoint":
+        load_dcp({"model": state}, found.path, verify=True)
+        set_model_state_dict(model, state)
+        return
+    read, available = _export_reader(found.path, found.args.tie_embeddings)
+    if available != set(state):
+        raise InputError(f"{found.path}: parameters differ from the model's: {sorted(available ^ set(state))[:4]}")
+    for name, param in state.items():
+        full = read(name, None).to(param.dtype)
+        if isinstance(param, DTensor):
+            local = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(local.to_local())
+        else:
+            param.copy_(full)

@@ -5,6 +5,9 @@ check_vocab(tok, cfg.model.vocab_size)
 loader = build_dataloader(cfg.data, tokenizer=tok, batch_size=micro, dp_rank=r, dp_world_size=w, seed=seed)
 for inputs, labels in loader: ...          # LongTensor (batch, seq_len) each
 state = loader.state_dict(); loader.load_state_dict(state)   # exact resume
+
+With ``data.format: chat`` the documents are conversations and the labels are -100 except on the assistant's
+tokens (conversations.py).
 """
 
 from .errors import DataError

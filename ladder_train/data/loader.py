@@ -5,6 +5,9 @@ the shard count divides by the world size, else every world_size-th document), a
 worker reads its own shards (``datasets`` assigns them). Windows are packed per worker and batches come from
 the workers in turn, so the order is deterministic (also with ``data.shuffle_buffer``, a seeded block shuffle
 of each worker's documents) and ``state_dict()`` / ``load_state_dict()`` resume exactly.
+
+``data.format: chat`` reads conversations instead of texts (conversations.py): the same sources, order, split,
+workers and resume; the labels are -100 where a token is not scored.
 """
 
 from __future__ import annotations
@@ -25,14 +28,16 @@ from datasets.distributed import split_dataset_by_node
 from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
 from .errors import DataError
 from .packing import PackedWindows, collate_windows
-from .sources import open_source, read_error_message
+from .sources import bad_row_message, open_source, read_error_message
 from .tokenizer import eos_id
 
 log = logging.getLogger(__name__)
 
 _FINGERPRINT = "ladder_data"  # state_dict key of what the state was saved for
+FORMATS = ("text", "chat")  # data.format
 
 
 class PackedDataLoader(StatefulDataLoader):
@@ -51,7 +56,8 @@ class PackedDataLoader(StatefulDataLoader):
         state_dict = dict(state_dict)
         saved = state_dict.pop(_FINGERPRINT, None)
         if saved is not None:
-            saved = {"shuffle_buffer": 0, **saved}  # states saved before shuffling existed were unshuffled
+            # states saved before shuffling (or chat data) existed were unshuffled text
+            saved = {"shuffle_buffer": 0, "format": "text", **saved}
         if saved is not None and saved != self.fingerprint:
             diff = ", ".join(
                 f"{k}: saved {saved.get(k)!r}, now {v!r}" for k, v in self.fingerprint.items() if saved.get(k) != v
@@ -182,6 +188,9 @@ def build_dataloader(
     > 0 (training split only) permuted in blocks of that many, seeded by ``seed`` and the epoch. ``seed`` is
     recorded in the state so a resume under another seed is refused. Sources are validated here, before
     workers start.
+
+    ``data_cfg.format == "chat"``: the documents are the ``messages`` of each row, rendered with the chat
+    template of ``data_cfg.chat_template``, and the labels are -100 except on assistant tokens (conversations.py).
     """
     if not 0 <= dp_rank < dp_world_size:
         raise DataError(f"data: dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
@@ -193,8 +202,18 @@ def build_dataloader(
         source = data_cfg.source if training else (data_cfg.validation_source or data_cfg.source)
     num_workers = data_cfg.num_workers if num_workers is None else num_workers
     cycle = training if cycle is None else cycle
+    data_format = getattr(data_cfg, "format", "text")
+    if data_format not in FORMATS:
+        raise DataError(f"data.format: must be one of {', '.join(FORMATS)}, got {data_format!r}")
+    encoder, column = None, data_cfg.text_column
+    if data_format == "chat":
+        if not data_cfg.chat_template:
+            raise DataError("data.chat_template: required with data.format=chat (a model folder whose "
+                            "tokenizer_config.json holds the chat template)")  # fmt: skip
+        encoder = ConversationEncoder(load_template(str(data_cfg.chat_template)), tokenizer, eos_id(tokenizer))
+        column = CHAT_COLUMN
 
-    documents = open_source(str(source), split, data_cfg.text_column, data_cfg.hub_config)
+    documents = open_source(str(source), split, column, data_cfg.hub_config, chat=encoder is not None)
     documents = split_dataset_by_node(documents, rank=dp_rank, world_size=dp_world_size)
     if documents.num_shards % dp_world_size:
         log.info("data: %d shards do not divide over %d ranks: each rank keeps every %d-th document",
@@ -202,15 +221,17 @@ def build_dataloader(
     # only the training stream is shuffled: validation batches stay the same documents in the same order
     shuffle_buffer = getattr(data_cfg, "shuffle_buffer", 0) if training else 0
     windows = PackedWindows(
-        documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), data_cfg.text_column, cycle, str(source),
+        documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), column, cycle, str(source),
         shuffle_buffer=shuffle_buffer, seed=seed,
-        describe_read_error=functools.partial(read_error_message, str(source), split, data_cfg.text_column),
+        describe_read_error=functools.partial(read_error_message, str(source), split, column),
+        encoder=encoder, describe_bad_row=functools.partial(bad_row_message, str(source), split),
     )  # fmt: skip
     if num_workers > 0:  # set before the fork: workers inherit it and tokenizers does not warn about the fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     fingerprint = dict(
         source=str(source), split=split, seq_len=data_cfg.seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size,
         num_workers=num_workers, seed=seed, vocab_size=tokenizer.get_vocab_size(), shuffle_buffer=shuffle_buffer,
+        format=data_format,
     )  # fmt: skip
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")

@@ -12,6 +12,11 @@ block's start and how many of the block's documents were taken: a resume re-read
 tokenizing), permutes it the same way and skips what was taken. So the state stays a few numbers, unlike a
 rolling buffer's (``datasets``' own shuffle buffer is not saved in its state: a resume would refill it with
 other documents).
+
+Chat mode (``encoder``, a :class:`~ladder_train.data.conversations.ConversationEncoder`): the documents are
+conversations, and beside the token stream runs a parallel stream of target flags (True = the token is
+scored, see conversations.py), cut at the same places and saved in the state beside the tokens (``mask``).
+A window is then the pair (tokens, targets): targets are the tokens with -100 where the flag is off.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from .conversations import BadConversation, ConversationEncoder
 from .errors import DataError
+
+IGNORE_INDEX = -100  # the label of a token that is not scored (torch's cross_entropy default)
 
 # one encode_batch call takes documents until either bound: enough to amortize the call, and few enough tokens
 # pending that the state (sent with every batch from a worker) stays small
@@ -34,13 +42,25 @@ DOCS_PER_ENCODE = 64
 CHARS_PER_ENCODE = 1 << 17
 
 
-def document_groups(stream: Iterator[dict], column: str) -> Iterator[list[str]]:
-    """The documents' texts in groups of at most DOCS_PER_ENCODE documents / about CHARS_PER_ENCODE characters."""
+def _chars(value) -> int:
+    """About how many characters a document holds: a text, token ids (~4 characters a token) or a conversation."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        if value and isinstance(value[0], dict):  # a conversation's messages
+            return sum(len(m["content"]) for m in value if isinstance(m, dict) and isinstance(m.get("content"), str))
+        return 4 * len(value)
+    return 0
+
+
+def document_groups(stream: Iterator[dict], column: str) -> Iterator[list]:
+    """The documents (texts, token ids or conversations) in groups of at most DOCS_PER_ENCODE documents / about
+    CHARS_PER_ENCODE characters."""
     group, chars = [], 0
     for example in stream:
         text = example[column]
         group.append(text)
-        chars += len(text) * (1 if isinstance(text, str) else 4) if text is not None else 0  # ~4 characters a token
+        chars += _chars(text)
         if len(group) == DOCS_PER_ENCODE or chars >= CHARS_PER_ENCODE:
             yield group
             group, chars = [], 0
@@ -54,6 +74,9 @@ class PackedWindows(torch.utils.data.IterableDataset):
     ``cycle=True`` starts the documents again when they run out (``epoch`` counts the passes; the token buffer
     carries over, so no token is dropped at an epoch boundary). ``cycle=False`` makes one pass and drops the
     final partial window. ``shuffle_buffer`` > 0 permutes the documents in blocks of that many (module docstring).
+    With ``encoder`` (chat mode) the ``text_column`` holds conversations and each window is a pair
+    (tokens, targets); ``describe_bad_row`` turns the reason a row is not a conversation into the one line that
+    says where it is.
     """
 
     def __init__(
@@ -68,8 +91,12 @@ class PackedWindows(torch.utils.data.IterableDataset):
         shuffle_buffer: int = 0,
         seed: int = 0,
         describe_read_error: Callable[[Exception], str] | None = None,
+        encoder: ConversationEncoder | None = None,
+        describe_bad_row: Callable[[str], str] | None = None,
     ):
         super().__init__()
+        self.encoder = encoder
+        self.describe_bad_row = describe_bad_row
         self.describe_read_error = describe_read_error  # error while streaming -> one line naming file and line
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -85,9 +112,11 @@ class PackedWindows(torch.utils.data.IterableDataset):
 
     def state_dict(self) -> dict[str, Any]:
         if self._live is None:  # not iterating: the state the next iteration starts from
-            return copy.deepcopy(self._start) if self._start else self._initial_state()
+            return copy.deepcopy(self._start) if self._start else self._initial_state(self.encoder is not None)
         live = self._live
         state = {"epoch": live["epoch"], "buffer": live["buffer"][live["pos"] :].copy()}
+        if self.encoder is not None:
+            state["mask"] = live["mask"][live["pos"] :].copy()
         if self.shuffle_buffer:  # the stream position of the current block's start (None: the epoch's start)
             state.update(documents=copy.deepcopy(live["block_start"]), block=live["block"], taken=live["taken"])
         else:
@@ -95,8 +124,11 @@ class PackedWindows(torch.utils.data.IterableDataset):
         return state
 
     @staticmethod
-    def _initial_state() -> dict[str, Any]:
-        return {"epoch": 0, "documents": None, "buffer": np.zeros(0, dtype=np.int32)}
+    def _initial_state(chat: bool = False) -> dict[str, Any]:
+        state = {"epoch": 0, "documents": None, "buffer": np.zeros(0, dtype=np.int32)}
+        if chat:
+            state["mask"] = np.zeros(0, dtype=bool)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._start = copy.deepcopy(state)
@@ -113,6 +145,16 @@ class PackedWindows(torch.utils.data.IterableDataset):
         for doc in ids:
             doc.append(self.eos_id)
         return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(map(len, ids)))
+
+    def _encode(self, conversations: list) -> tuple[np.ndarray, np.ndarray]:
+        """Chat mode: the conversations' ids and target flags; a row that is no conversation is one DataError."""
+        try:
+            return self.encoder.encode(conversations)
+        except BadConversation as err:
+            reason = str(err)
+            raise DataError(
+                self.describe_bad_row(reason) if self.describe_bad_row else f"{self.source_name}: a row: {reason}"
+            ) from None
 
     def _reading(self, stream: Iterator[dict]) -> Iterator[dict]:
         """The document stream, with a read failure (a malformed line deep in a file) as one DataError line."""
@@ -143,7 +185,12 @@ class PackedWindows(torch.utils.data.IterableDataset):
             block_start, block, taken = copy.deepcopy(docs.state_dict()), block + 1, 0
 
     def __iter__(self):
-        start, self._start = self._start or self._initial_state(), None
+        chat = self.encoder is not None
+        start, self._start = self._start or self._initial_state(chat), None
+        if chat and "mask" not in start:
+            raise DataError(
+                f"{self.source_name}: the loader state was saved for text data (data.format=text), not chat"
+            )
         block, taken = start.get("block", 0), start.get("taken", 0)
         epoch, resumed = start["epoch"], start["documents"] is not None or taken > 0
         docs = copy.deepcopy(self.documents)  # the loaded stream position must not leak into a later iteration
@@ -152,6 +199,8 @@ class PackedWindows(torch.utils.data.IterableDataset):
             docs.load_state_dict(start["documents"])
         buffer = np.asarray(start["buffer"], dtype=np.int32)
         live = self._live = {"epoch": epoch, "docs": docs, "buffer": buffer, "pos": 0}
+        if chat:
+            live["mask"] = np.asarray(start["mask"], dtype=bool)
         live.update(block_start=start["documents"], block=block, taken=taken)
         window = self.window
         while True:
@@ -162,14 +211,24 @@ class PackedWindows(torch.utils.data.IterableDataset):
                 stream = iter(docs)
             for texts in document_groups(self._reading(stream), self.text_column):
                 n_docs += len(texts)
-                buffer = np.concatenate([live["buffer"], self._tokenize(texts)])
+                if chat:
+                    ids, flags = self._encode(texts)
+                    mask = live["mask"] = np.concatenate([live["mask"], flags])
+                else:
+                    ids = self._tokenize(texts)
+                buffer = np.concatenate([live["buffer"], ids])
                 live["buffer"], pos = buffer, 0
                 while len(buffer) - pos >= window:
                     out = torch.from_numpy(buffer[pos : pos + window].astype(np.int64))
+                    if chat:
+                        targets = torch.from_numpy(np.where(mask[pos : pos + window], out.numpy(), IGNORE_INDEX))
+                        out = (out, targets)
                     pos += window
                     live["pos"] = pos  # the state at this yield: everything before pos is emitted
                     yield out
                 live["buffer"], live["pos"] = buffer[pos:], 0
+                if chat:
+                    live["mask"] = mask[pos:]
             if not self.cycle or (n_docs == 0 and not resumed):  # one pass, or this worker has no documents
                 return
             epoch, resumed = epoch + 1, False
@@ -177,7 +236,11 @@ class PackedWindows(torch.utils.data.IterableDataset):
             live.update(epoch=epoch, block_start=None, block=0, taken=0)
 
 
-def collate_windows(windows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, labels), each (batch, seq_len): the labels are the inputs shifted by one token."""
+def collate_windows(windows: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels), each (batch, seq_len): the labels are the inputs shifted by one token. Chat windows
+    ((tokens, targets) pairs): the labels are the targets shifted by one, -100 where a token is not scored."""
+    if isinstance(windows[0], tuple):
+        tokens, targets = (torch.stack(part) for part in zip(*windows, strict=True))
+        return tokens[:, :-1].contiguous(), targets[:, 1:].contiguous()
     batch = torch.stack(windows)
     return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

@@ -7,7 +7,8 @@
   every machine has (offline smoke runs; every 20th file is held out as the validation split).
 
 Local files are checked before any worker starts (exists, not empty, UTF-8, has the text column) so a bad
-file gives a one-line error naming it.
+file gives a one-line error naming it. In chat mode (``data.format: chat``) the column is ``messages``, a list of
+``{role, content}`` messages (conversations.py); a bad row found later is reported with its file and line.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 
+from .conversations import CHAT_COLUMN, conversation_problem
 from .errors import DataError, note
 
 log = logging.getLogger(__name__)
@@ -48,22 +50,30 @@ def _check_utf8(path: Path) -> None:
         raise DataError(f"{path}: not UTF-8 (truncated character at the end)") from None
 
 
-def _check_parquet(path: Path, text_column: str) -> None:
+def _check_parquet(path: Path, text_column: str, chat: bool = False) -> None:
     try:
         meta = pq.ParquetFile(path).metadata
     except Exception as err:
         raise DataError(f"{path}: not a parquet file ({str(err).splitlines()[0]})") from None
     schema = meta.schema.to_arrow_schema()
     if text_column not in schema.names:
-        raise DataError(f"{path}: no '{text_column}' column (data.text_column); columns: {', '.join(schema.names)}")
+        raise DataError(f"{path}: no '{text_column}' column ({_key(chat)}); columns: {', '.join(schema.names)}")
     kind = str(schema.field(text_column).type)
-    if kind not in ("string", "large_string") and not kind.startswith(("list<element: int", "list<item: int")):
+    if chat:
+        if not kind.startswith(("list<", "large_list<")):
+            raise DataError(f"{path}: column '{text_column}' holds {kind}, not a list of {{role, content}} messages")
+    elif kind not in ("string", "large_string") and not kind.startswith(("list<element: int", "list<item: int")):
         raise DataError(f"{path}: column '{text_column}' holds {kind}, not text (or token ids from data/prepare.py)")
     if meta.num_rows == 0:
         raise DataError(f"{path}: empty file (0 rows)")
 
 
-def _check_jsonl(path: Path, text_column: str) -> None:
+def _key(chat: bool) -> str:
+    """The setting that names the column, for messages."""
+    return "data.format=chat" if chat else "data.text_column"
+
+
+def _check_jsonl(path: Path, text_column: str, chat: bool = False) -> None:
     _check_utf8(path)
     with path.open(encoding="utf-8") as f:
         first = next((line for line in f if line.strip()), None)
@@ -75,21 +85,28 @@ def _check_jsonl(path: Path, text_column: str) -> None:
         raise DataError(f"{path}: first record is not JSON ({err.msg}); expected one JSON object per line") from None
     if not isinstance(record, dict) or text_column not in record:
         keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-        raise DataError(f"{path}: no '{text_column}' key (data.text_column) in the first record; keys: {keys}")
-    if not isinstance(record[text_column], str):
+        raise DataError(f"{path}: no '{text_column}' key ({_key(chat)}) in the first record; keys: {keys}")
+    if chat:
+        if problem := conversation_problem(record[text_column]):
+            raise DataError(f"{path}: the first record: {problem}")
+    elif not isinstance(record[text_column], str):
         raise DataError(f"{path}: '{text_column}' holds {type(record[text_column]).__name__}, not text")
 
 
-def check_file(path: Path, text_column: str) -> None:
-    """One local data file, before anything reads it."""
+def check_file(path: Path, text_column: str, chat: bool = False) -> None:
+    """One local data file, before anything reads it (in chat mode: its first conversation)."""
     if not path.is_file():
         raise DataError(f"data.source: no such file: {path}")
     if path.stat().st_size == 0:
         raise DataError(f"{path}: empty file")
     if FORMATS.get(path.suffix) == "parquet":
-        _check_parquet(path, text_column)
+        _check_parquet(path, text_column, chat)
     elif FORMATS.get(path.suffix) == "json":
-        _check_jsonl(path, text_column)
+        _check_jsonl(path, text_column, chat)
+    elif chat:
+        raise DataError(
+            f"{path}: a {path.suffix or 'suffix-less'} file holds no conversations; data.format=chat reads .jsonl or .parquet"
+        )
     else:  # plain text, one document per file (the stdlib corpus)
         _check_utf8(path)
 
@@ -112,6 +129,45 @@ def first_bad_record(files: list[Path], text_column: str) -> str | None:
                 if not isinstance(record, dict) or text_column not in record:
                     return f"{path}: line {number} has no '{text_column}' key (data.text_column)"
     return None
+
+
+def first_bad_conversation(files: list[Path]) -> str | None:
+    """'path: line N: why' for the first row of local chat files whose ``messages`` is not a conversation; None
+    if there is none. Like first_bad_record, this runs when a bad row turns up while training reads."""
+    for path in files:
+        if FORMATS.get(path.suffix) == "json":
+            with path.open(encoding="utf-8", errors="replace") as f:
+                for number, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError:
+                        return f"{path}: line {number} is not JSON; expected one JSON object per line"
+                    messages = record.get(CHAT_COLUMN) if isinstance(record, dict) else None
+                    if problem := conversation_problem(messages):
+                        return f"{path}: line {number}: {problem}"
+        elif FORMATS.get(path.suffix) == "parquet":
+            row = 0
+            for batch in pq.ParquetFile(path).iter_batches(columns=[CHAT_COLUMN], batch_size=4096):
+                for messages in batch.column(0).to_pylist():
+                    if problem := conversation_problem(messages):
+                        return f"{path}: row {row} (counting from 0): {problem}"
+                    row += 1
+    return None
+
+
+def bad_row_message(source: str, split: str, reason: str) -> str:
+    """One line for a row of ``source`` that is no conversation (``reason``): the file and line when the source
+    is local and the row's fault is its shape, else the source and the reason."""
+    if source != STDLIB_SOURCE and is_local(source):
+        try:
+            files = local_files(source, split)
+        except DataError:
+            files = []
+        if bad := first_bad_conversation(files):
+            return bad
+    return f"data.source: {source} (split {split}): a conversation: {reason}"
 
 
 def read_error_message(source: str, split: str, text_column: str, err: Exception) -> str:
@@ -182,9 +238,16 @@ def is_local(source: str) -> bool:
     return source == STDLIB_SOURCE or source.startswith((".", "/", "~")) or Path(source).expanduser().exists()
 
 
-def open_source(source: str, split: str, text_column: str, hub_config: str | None = None) -> datasets.IterableDataset:
-    """A streaming ``datasets.IterableDataset`` of the source's documents with the one column ``text_column``.
-    Local files are validated first; every problem is a one-line DataError."""
+def open_source(
+    source: str, split: str, text_column: str, hub_config: str | None = None, chat: bool = False
+) -> datasets.IterableDataset:
+    """A streaming ``datasets.IterableDataset`` of the source's documents with the one column ``text_column``
+    (with ``chat``, conversations: the column is ``messages``). Local files are validated first; every problem
+    is a one-line DataError."""
+    if chat:
+        text_column = CHAT_COLUMN
+        if source == STDLIB_SOURCE:
+            raise DataError(f"data.source: {STDLIB_SOURCE} holds no conversations (data.format=chat)")
     if source == STDLIB_SOURCE:
         files = stdlib_files(split)
         for path in files:
@@ -198,7 +261,7 @@ def open_source(source: str, split: str, text_column: str, hub_config: str | Non
     if is_local(source):
         files = local_files(source, split)
         for path in files:
-            check_file(path, text_column)
+            check_file(path, text_column, chat)
         note(log, "data: corpus = local %s: %d %s files (split %s)", source, len(files), files[0].suffix, split)
         docs = datasets.load_dataset(
             FORMATS[files[0].suffix], data_files=[str(p) for p in files], split="train", streaming=True

@@ -20,9 +20,10 @@ _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "
 
 
 @torch.no_grad()
-def validation_loss(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
-    """Mean cross-entropy over every scored label token of ``batches`` ((inputs, labels), LongTensor (B, T))
-    and the number of those tokens. Runs in eval mode and restores the model's mode afterwards."""
+def scored_loss_sum(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+    """The summed cross-entropy (fp32 logits, float64 sum) over every scored label (not -100) of ``batches``
+    ((inputs, labels), LongTensor (B, T)) and the number of those labels, which may be 0 (chat data: batches
+    without an assistant token). Runs in eval mode and restores the model's mode afterwards."""
     device = next(model.parameters()).device
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     was_training = model.training
@@ -40,9 +41,17 @@ def validation_loss(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]])
             count += int((labels != IGNORE_INDEX).sum())
     finally:
         model.train(was_training)
+    return float(total), count
+
+
+def validation_loss(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
+    """Mean cross-entropy over every scored label token of ``batches`` ((inputs, labels), LongTensor (B, T);
+    labels -100 are not scored) and the number of those tokens. Runs in eval mode and restores the model's
+    mode afterwards."""
+    total, count = scored_loss_sum(model, batches)
     if count == 0:
         raise EvalError("validation_loss: the batches hold no label tokens")
-    return float(total / count), count
+    return total / count, count
 
 
 def perplexity(loss: float) -> float:

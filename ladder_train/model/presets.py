@@ -19,6 +19,20 @@ PRESETS: dict[str, dict] = {
     "4.5B": dict(n_layers=52, dim=2304, n_heads=36, ffn_dim=9216, vocab_size=_STARCODER_VOCAB),
     # the 3.5B shape with 32 heads of dim 72, as the reference TP=8 inference benchmark used
     "3.5B-32h": dict(n_layers=40, dim=2304, n_heads=32, ffn_dim=9216, vocab_size=_STARCODER_VOCAB),
+    # SmolLM2-135M(-Instruct), a pretrained Llama to adapt into a hybrid ladder (checkpoint.init_from); its
+    # config.json writes rms_norm_eps as float32's 1e-5
+    "smollm2-135m": dict(
+        n_layers=30,
+        dim=576,
+        n_heads=9,
+        n_kv_heads=3,
+        ffn_dim=1536,
+        vocab_size=_STARCODER_VOCAB,
+        max_seq_len=8192,
+        rope_theta=100000.0,
+        norm_eps=1e-5,
+        tie_embeddings=True,
+    ),
     # small shapes for CPU tests and smoke runs (StarCoder vocabulary unless a test overrides it)
     "tiny": dict(n_layers=2, dim=64, n_heads=4, ffn_dim=176, vocab_size=_STARCODER_VOCAB, max_seq_len=256),
     "small": dict(n_layers=4, dim=128, n_heads=4, ffn_dim=352, vocab_size=_STARCODER_VOCAB, max_seq_len=512),

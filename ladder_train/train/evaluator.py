@@ -62,9 +62,10 @@ class Evaluator:
     def validate(self, model, step: int, tokens: int, logger) -> None:
         """Token-weighted validation loss over the same first ``eval.val_batches`` batches of each rank's part
         of the validation split of ``data.validation_source`` (default: of ``data.source``); every rank runs
-        the same number of forwards (FSDP needs that)."""
+        the same number of forwards (FSDP needs that). Chat data: the mean over the scored (assistant) tokens
+        of all ranks; a rank whose batches hold none adds nothing."""
         from ..data import build_dataloader
-        from ..evaluation import validation_loss
+        from ..evaluation.perplexity import scored_loss_sum
 
         self._validated_step = step
         if self.tokenizer is None:
@@ -83,9 +84,15 @@ class Evaluator:
             cycle=True,
         )
         batches = (batch for _, batch in zip(range(cfg.eval.val_batches), loader, strict=False))
-        loss, count = validation_loss(model, batches)
-        totals = torch.tensor([loss * count, float(count)], dtype=torch.float64, device=self.env.device)
+        loss_sum, count = scored_loss_sum(model, batches)
+        totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64, device=self.env.device)
         dist.all_reduce(totals)
+        if totals[1].item() == 0:  # every rank sees the same totals: all skip together
+            if self.env.is_main:
+                print(
+                    f"step {step:>6} | val loss skipped: no scored token in {cfg.eval.val_batches} batches", flush=True
+                )
+            return
         mean = (totals[0] / totals[1]).item()
         logger.log({"step": step, "tokens": tokens, "val_loss": mean, "val_ppl": math.exp(mean)}, console=False)
         if self.env.is_main:

@@ -18,6 +18,13 @@ def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float | None = N
     return torch.optim.AdamW(groups, lr=cfg.lr if lr is None else lr, betas=tuple(cfg.betas), eps=cfg.eps)
 
 
+def freeze_lower_layers(model: nn.Module, n_layers: int) -> None:
+    """Keep the first ``n_layers`` blocks fixed (``train.freeze_layers``): their parameters get no gradient and
+    no optimizer state. Called before sharding, so FSDP sees which parameters train."""
+    for block in model.layers[:n_layers]:
+        block.requires_grad_(False)
+
+
 def resolve_schedule_steps(cfg: ScheduleConfig, tokens_per_step: int) -> tuple[int, int]:
     """(warmup_steps, total_steps), taking the token counts when the recipe gives them."""
     warmup = cfg.warmup_steps if cfg.warmup_tokens is None else math.ceil(cfg.warmup_tokens / tokens_per_step)

@@ -22,15 +22,19 @@ from torch.distributed.tensor import DTensor
 from ..checkpoint import Checkpointer, RunDirLocked, lock_run_dir
 from ..config import Config, model_args, save_config, to_yaml
 from ..errors import EXIT_REQUEUE, Preempted, RunFailed
+from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
 from ..parallel import BatchPlan, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
-from .optim import build_optimizer, build_scheduler, resolve_schedule_steps
+from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
 
 
 class NonFiniteLossError(RunFailed):
     """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
+
+
+IGNORE_INDEX = -100  # a label that is not scored (chat data's context tokens); cross_entropy's default
 
 
 class Trainer:
@@ -48,6 +52,10 @@ class Trainer:
         self.replicate = replicate
         self.plan = BatchPlan(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len)
         self.plan.check()
+        self.model_args = model_args(cfg.model)
+        # the weights a new run starts from are checked against the recipe before any data or model is built
+        init_from = cfg.checkpoint.init_from
+        self.init_source = check_init_source(init_from, self.model_args) if init_from else None
         self.tokenizer = None
         # tokenizer and sources are checked before the model is built
         self.loader = self._build_data() if batches is None else batches
@@ -55,8 +63,9 @@ class Trainer:
 
         self.mesh = build_mesh(env.device.type, replicate, shard)
         self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
-        self.model_args = model_args(cfg.model)
-        self.model = parallelize(build_on_meta(self.model_args), cfg.parallel, self.mesh, self.compute_dtype)
+        model = build_on_meta(self.model_args)
+        freeze_lower_layers(model, cfg.train.freeze_layers)
+        self.model = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype)
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
 
@@ -120,7 +129,13 @@ class Trainer:
     def _resume(self) -> None:
         path = self.checkpointer.resume_path()
         if path is None:
+            if self.init_source is not None:
+                load_initial_weights(self.model, self.init_source)
+                if self.env.is_main:
+                    print(f"starting from the weights of {self.init_source.path} ({self._layout_note()})", flush=True)
             return
+        if self.init_source is not None and self.env.is_main:
+            print(f"note: run.dir holds {path}: resuming it; checkpoint.init_from is not read again", flush=True)
         model_only = self.cfg.checkpoint.load_model_only
         expected = {k: v for k, v in dataclasses.asdict(self.model_args).items() if k not in ("init_std",)}
         state, rank_state = self.checkpointer.load(path, self.model, self.optimizer, expected, model_only)
@@ -146,6 +161,13 @@ class Trainer:
         if self.env.is_main:
             print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
 
+    def _layout_note(self) -> str:
+        layouts = self.model_args.layer_layouts()
+        source = self.init_source.args.layer_layouts()
+        changed = sum(a != b for a, b in zip(layouts, source, strict=True))
+        frozen = self.cfg.train.freeze_layers
+        return f"{changed} of {len(layouts)} layers change layout" + (f", the first {frozen} frozen" if frozen else "")
+
     def _request_preemption(self, signum, frame) -> None:
         self._preempt_signal = signum
 
@@ -168,11 +190,19 @@ class Trainer:
     def train_step(self) -> dict:
         """Forward/backward over this rank's micro-batches, clip, step. The loss of each micro-batch is
         its summed token loss over this rank's tokens per step, and FSDP averages over ranks: the step
-        minimises the mean over the global batch's tokens, however it is split."""
+        minimises the mean over the global batch's tokens, however it is split. Chat data (``data.format: chat``)
+        scores only the labels that are not -100: the step's micro-batches are fetched first and the divisor is
+        their number over the global batch (one small all-reduce) / the world size, so the step minimises the
+        mean over the global batch's scored tokens."""
         model, plan = self.model, self.plan
         tokens_per_rank = plan.per_rank * plan.seq_len
         loss_sum = torch.zeros((), device=self.env.device)
         data_wait = 0.0
+        step_batches = None
+        if self.cfg.data.format == "chat":
+            waited = time.perf_counter()
+            step_batches, tokens_per_rank = self._scored_micro_batches()
+            data_wait += time.perf_counter() - waited
         for micro in range(plan.accumulation):
             last = micro == plan.accumulation - 1
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
@@ -180,14 +210,17 @@ class Trainer:
             waited = time.perf_counter()
             if self._batches is None:  # created after a resume restored the loader's position
                 self._batches = iter(self.loader)
-            inputs, labels = next(self._batches)
+            inputs, labels = next(self._batches) if step_batches is None else step_batches[micro]
             data_wait += time.perf_counter() - waited
             inputs, labels = (
                 inputs.to(self.env.device, non_blocking=True),
                 labels.to(self.env.device, non_blocking=True),
             )
             logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens_per_rank
+            loss = (
+                F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+                / tokens_per_rank
+            )
             loss.backward()
             loss_sum += loss.detach()
         max_norm = self.cfg.train.optimizer.grad_clip or math.inf
@@ -206,6 +239,18 @@ class Trainer:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_value, "grad_norm": norm_value, "data_wait_s": data_wait, "finite": finite}
+
+    def _scored_micro_batches(self) -> tuple[list, float]:
+        """Chat data: this rank's micro-batches of the step, and the divisor of their summed losses: the number of
+        scored labels (not -100) in the whole global batch / the world size. A global batch with none scores
+        nothing: its loss is 0 (divisor 1), not 0/0."""
+        if self._batches is None:  # created after a resume restored the loader's position
+            self._batches = iter(self.loader)
+        batches = [next(self._batches) for _ in range(self.plan.accumulation)]
+        scored = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
+        total = torch.tensor(scored, dtype=torch.int64, device=self.env.device)
+        dist.all_reduce(total)
+        return batches, max(total.item(), 1) / self.env.world_size
 
     def _handle_nonfinite(self, result: dict) -> None:
         self.nonfinite_skips += 1
