@@ -42,14 +42,11 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
 def _copy_chat_template(cfg, out_dir: Path) -> None:
     """A model adapted from a pretrained folder keeps its chat format: the tokenizer_config.json beside the run's
     tokenizer.json (or of data.chat_template) goes into the export, so ladder-generate --chat finds it."""
-    from .data.chat import TOKENIZER_CONFIG
+    from .data.chat import TOKENIZER_CONFIG, run_tokenizer_config_folder
 
-    folders = [Path(cfg.data.chat_template)] if cfg.data.chat_template else []
-    folders.append(Path(cfg.data.tokenizer).parent)
-    for folder in folders:
-        if (folder / TOKENIZER_CONFIG).is_file():
-            shutil.copyfile(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)
-            return
+    folder = run_tokenizer_config_folder(cfg.data)
+    if folder is not None:
+        shutil.copyfile(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)
 
 
 def run(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
 from ladder_train.config import DataConfig
-from ladder_train.data import DataError, build_dataloader, byte_tokenizer, check_vocab, load_tokenizer
+from ladder_train.data import DataError, build_dataloader, byte_tokenizer, check_vocab, eos_id, load_tokenizer
 from ladder_train.data.sources import local_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,6 +79,26 @@ def test_starcoder_ids_and_vocab(shared_dir):
         match=r"^model.vocab_size: the model's vocabulary is 50000 but the tokenizer has 49152 tokens; set model.vocab_size=49152",
     ):
         check_vocab(tok, 50000)
+
+
+@pytest.mark.parametrize(
+    "vocab, separator",
+    [
+        ({"<|endoftext|>": 0, "</s>": 1, "a": 2}, 0),  # StarCoder / GPT-2 first, even beside another
+        ({"a": 0, "<|begin_of_text|>": 1, "<|end_of_text|>": 2}, 2),  # Llama 3
+        ({"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3}, 2),  # Llama 2 / SentencePiece
+        ({"<unk>": 0, "a": 1}, None),
+    ],
+)
+def test_the_document_separator_of_each_tokenizer_family(tmp_path, vocab, separator):
+    from tokenizers.models import WordLevel
+
+    Tokenizer(WordLevel(vocab, unk_token=next(iter(vocab)))).save(str(tmp_path / "tokenizer.json"))
+    if separator is None:
+        with pytest.raises(DataError, match=r"tokenizer.json: the tokenizer has none of <\|endoftext\|>, <\|end_of"):
+            load_tokenizer(tmp_path / "tokenizer.json")
+        return
+    assert eos_id(load_tokenizer(tmp_path / "tokenizer.json")) == separator
 
 
 # -- packing ---------------------------------------------------------------------------------------------

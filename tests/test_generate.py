@@ -150,6 +150,31 @@ def test_an_export_and_a_checkpoint_of_one_model_complete_alike(tmp_path, capsys
         assert "ladder-generate: 20 new tokens" in err and "at TP 1; --max-new-tokens 20 reached" in err
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_checkpoint_of_an_adapted_model_keeps_its_chat_template(tmp_path, capsys):
+    """A run that took its tokenizer from a model folder (checkpoint.init_from's): --chat on its checkpoint uses
+    that folder's template and eos, and ladder-export carries the template into the export."""
+    from ladder_train.export import export_checkpoint
+
+    model = tiny_model()
+    prompt = byte_tokenizer().encode("<user>hi<a>").ids
+    free = Generator(tiny_model(), None).generate(torch.tensor([prompt]), 24)[0].tolist()
+    stop = next(t for i, t in enumerate(free) if i >= 3 and t not in free[:i])  # a token it does produce
+    eos = byte_tokenizer().id_to_token(stop)
+    pretrained = tiny_folder(tmp_path / "pretrained", {"chat_template": CHAT_TEMPLATE, "eos_token": eos})
+    cfg = load_config(None, ["checkpoint.async_save=false", f"data.tokenizer={pretrained / 'tokenizer.json'}"])
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    checkpointer = Checkpointer(cfg.checkpoint, tmp_path / "run", rank=0, world_size=1)
+    step = checkpointer.save(3, model, torch.optim.AdamW(model.parameters()), {"model_args": SHAPE}, {})
+    export = export_checkpoint(step, tmp_path / "export")
+    assert (export / "tokenizer_config.json").read_text() == (pretrained / "tokenizer_config.json").read_text()
+    expected = expected_completion(prompt, 24, stop=stop)
+    assert len(byte_tokenizer().encode(expected).ids) < 24
+    for source in (step, export):
+        status, out, err = run_cli(capsys, source, "--chat", "--prompt", "hi", "--max-new-tokens", 24)
+        assert (status, out) == (0, expected + "\n") and f"{eos} (eos_token of tokenizer_config.json)" in err, err
+
+
 def test_chat_template_wraps_the_prompt(tmp_path, capsys):
     folder = tiny_folder(tmp_path / "m", {"chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>"})
     status, out, _ = run_cli(capsys, folder, "--chat", "--prompt", "hi", "--max-new-tokens", 8)

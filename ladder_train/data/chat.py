@@ -76,3 +76,23 @@ def load_chat_template(folder: str | Path) -> ChatTemplate:
     if not isinstance(template, str) or not template:
         raise InputError(f"{path}: no 'chat_template' (the model has no chat format)")
     return ChatTemplate(str(path), template, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
+
+
+def run_tokenizer_config_folder(data_cfg) -> Path | None:
+    """The folder a training run took its tokenizer_config.json from (chat template, eos token): data.chat_template,
+    else the folder of a local data.tokenizer file (a model adapted with checkpoint.init_from); None if neither."""
+    folders = [Path(data_cfg.chat_template)] if data_cfg.chat_template else []
+    folders.append(Path(data_cfg.tokenizer).parent)
+    return next((folder for folder in folders if (folder / TOKENIZER_CONFIG).is_file()), None)
+
+
+def tokenizer_config_folder(model: str | Path) -> Path:
+    """Where a saved model's tokenizer_config.json is: in its folder, or for a training checkpoint
+    (RUN_DIR/checkpoints/step-N) where its run took it from. The model's own folder when there is none."""
+    model = Path(model)
+    run_config = model.resolve().parent.parent / "config.yaml"
+    if not (model / TOKENIZER_CONFIG).is_file() and (model / ".metadata").is_file() and run_config.is_file():
+        from ..config import load_config
+
+        return run_tokenizer_config_folder(load_config(run_config).data) or model
+    return model

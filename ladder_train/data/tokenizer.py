@@ -16,6 +16,9 @@ from .errors import DataError, note
 log = logging.getLogger(__name__)
 
 EOS_TOKEN = "<|endoftext|>"
+# the end-of-document token of each tokenizer family, in this order: StarCoder / GPT-2 (SmolLM2 too), Llama 3,
+# Llama 2 and other SentencePiece models
+DOCUMENT_SEPARATORS = (EOS_TOKEN, "<|end_of_text|>", "</s>")
 BYTE_TOKENIZER = "byte"  # data.tokenizer value of the built-in byte-level tokenizer (needs no download)
 
 
@@ -75,7 +78,7 @@ def _looks_like_path(name: str) -> bool:
 def load_tokenizer(name_or_path: str | Path, where: str = "data.tokenizer") -> Tokenizer:
     """The one tokenizer loader (training, export, ladder-eval): ``byte``, a local ``tokenizer.json`` (or a
     folder holding one), or a hub name. Logs which one was used. Raises DataError (one line, naming ``where``,
-    the key or flag the name came from) if it cannot be had or has no ``<|endoftext|>``."""
+    the key or flag the name came from) if it cannot be had or has no document separator (``eos_id``)."""
     name = str(name_or_path)
     if name == BYTE_TOKENIZER:
         tokenizer = byte_tokenizer()
@@ -91,11 +94,12 @@ def load_tokenizer(name_or_path: str | Path, where: str = "data.tokenizer") -> T
 
 
 def eos_id(tokenizer: Tokenizer, where: str = "data.tokenizer") -> int:
-    """The id of ``<|endoftext|>``, the document separator."""
-    token_id = tokenizer.token_to_id(EOS_TOKEN)
-    if token_id is None:
-        raise DataError(f"{where}: the tokenizer has no {EOS_TOKEN} token to separate documents")
-    return token_id
+    """The id of the document separator: the first of DOCUMENT_SEPARATORS the vocabulary has."""
+    for token in DOCUMENT_SEPARATORS:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return token_id
+    raise DataError(f"{where}: the tokenizer has none of {', '.join(DOCUMENT_SEPARATORS)} to separate documents")
 
 
 def check_vocab(tokenizer: Tokenizer, model_vocab_size: int, where: str = "model.vocab_size") -> None:

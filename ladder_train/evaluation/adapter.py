@@ -29,9 +29,9 @@ from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from ..data.tokenizer import eos_id
 from ..errors import InputError
 
-EOT_TOKEN = "<|endoftext|>"  # StarCoder's bos/eos/pad; its id is read from the tokenizer
 DEFAULT_MAX_GEN_TOKS = 256
 
 
@@ -51,9 +51,7 @@ class LadderLM(TemplateLM):
                 f"tokenizer mismatch: the model's vocab_size is {model_vocab} but the tokenizer has "
                 f"{tokenizer_vocab} tokens; evaluate with the tokenizer the model was trained with"
             )
-        eot_id = tokenizer.token_to_id(EOT_TOKEN)
-        if eot_id is None:
-            raise EvalError(f"tokenizer has no {EOT_TOKEN!r} token (the StarCoder bos/eos/pad token)")
+        eot_id = eos_id(tokenizer, where="tokenizer")  # the document separator: scoring's padding and prefix
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         max_length = model.args.max_seq_len if max_length is None else max_length

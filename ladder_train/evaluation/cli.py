@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .adapter import EOT_TOKEN, EvalError
+from ..data.tokenizer import eos_id
+from .adapter import EvalError
 from .task_registry import LOCAL_TASKS, PAPER_TASKS
 
 DESCRIPTION = f"""Evaluate a Hugging Face Llama folder (an export written by ladder-export, or a pretrained Llama) on
@@ -58,12 +59,12 @@ def _check_tokenizer(config: dict, tokenizer, config_path: Path, tokenizer_name:
         raise EvalError(
             f"tokenizer mismatch: {config_path} has vocab_size {config.get('vocab_size')} but tokenizer {tokenizer_name} has {vocab}"
         )
-    eot_id = tokenizer.token_to_id(EOT_TOKEN)
+    eot_id = eos_id(tokenizer, where=tokenizer_name)
     # ladder-train's own exports separate documents with <|endoftext|>; a pretrained model's eos may differ
     # (SmolLM2-Instruct's is <|im_end|>), and scoring only needs <|endoftext|> to exist
     if "residual" in config and config.get("eos_token_id") is not None and config["eos_token_id"] != eot_id:
         raise EvalError(
-            f"tokenizer mismatch: {config_path} has eos_token_id {config['eos_token_id']} but {EOT_TOKEN} is {eot_id} in tokenizer {tokenizer_name}"
+            f"tokenizer mismatch: {config_path} has eos_token_id {config['eos_token_id']} but the document separator is {eot_id} in tokenizer {tokenizer_name}"
         )
 
 

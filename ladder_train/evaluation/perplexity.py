@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from ..data.errors import DataError
 from ..data.packing import PackedWindows, collate_windows
-from .adapter import EOT_TOKEN, EvalError
+from ..data.tokenizer import eos_id
+from .adapter import EvalError
 
 IGNORE_INDEX = -100  # labels with this value are not scored (torch's cross_entropy convention)
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
@@ -88,7 +89,7 @@ def held_out_batches(
         dataset,
         tokenizer,
         seq_len,
-        tokenizer.token_to_id(EOT_TOKEN),
+        eos_id(tokenizer, where=f"validation data {path}"),
         text_column=text_column,
         cycle=False,
         source_name=f"validation data {path}",

@@ -158,9 +158,10 @@ class Generator:
 # ``ladder-generate``: one prompt, one completion ------------------------------------------------------------
 
 DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama
-folder or export (tokenizer: its tokenizer.json) or a training checkpoint RUN_DIR/checkpoints/step-N (tokenizer:
-the run's data.tokenizer). Generation stops at the end-of-sequence token: the eos_token of MODEL/tokenizer_config.json,
-else eos_token_id of MODEL/generation_config.json, else of MODEL/config.json, else <|endoftext|>; or after
+folder or export (tokenizer: its tokenizer.json) or a training checkpoint RUN_DIR/checkpoints/step-N (tokenizer: the
+run's data.tokenizer; tokenizer_config.json, with the chat template: the one beside the run's data.tokenizer or in
+data.chat_template). Generation stops at the end-of-sequence token: the eos_token of tokenizer_config.json, else
+eos_token_id of MODEL/generation_config.json, else of MODEL/config.json, else <|endoftext|>; or after
 --max-new-tokens. Tensor parallel: torchrun --nproc-per-node N -m ladder_train.inference.generate MODEL ...
 (each rank loads only its shard; rank 0 prints)."""
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -201,14 +202,15 @@ def _read_json(path):
 def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
     """The end-of-sequence ids generation stops at and where they were found (see DESCRIPTION for the order).
     An id list (Llama 3's generation_config.json has several) stops at any of them."""
-    from ..data.chat import TOKENIZER_CONFIG, _token_text
+    from ..data.chat import TOKENIZER_CONFIG, _token_text, tokenizer_config_folder
     from ..errors import InputError
 
-    eos_text = _token_text(_read_json(folder / TOKENIZER_CONFIG).get("eos_token"))
+    eos_text = _token_text(_read_json(tokenizer_config_folder(folder) / TOKENIZER_CONFIG).get("eos_token"))
     if eos_text:
         token_id = tokenizer.token_to_id(eos_text)
         if token_id is None:
-            raise InputError(f"{folder / TOKENIZER_CONFIG}: eos_token {eos_text!r} is not in the tokenizer")
+            where = tokenizer_config_folder(folder) / TOKENIZER_CONFIG
+            raise InputError(f"{where}: eos_token {eos_text!r} is not in the tokenizer")
         return [token_id], f"{eos_text} (eos_token of {TOKENIZER_CONFIG})"
     for name in ("generation_config.json", "config.json"):
         ids = _read_json(folder / name).get("eos_token_id")
@@ -227,9 +229,10 @@ def encode_prompt(args, source, tokenizer) -> list[int]:
 
     text = args.prompt
     if args.chat:
-        from ..data.chat import load_chat_template
+        from ..data.chat import load_chat_template, tokenizer_config_folder
 
-        text = load_chat_template(source.path).render([{"role": "user", "content": text}], add_generation_prompt=True)
+        template = load_chat_template(tokenizer_config_folder(source.path))
+        text = template.render([{"role": "user", "content": text}], add_generation_prompt=True)
     # a template writes its own special tokens (bos included) as text; a plain prompt gets the tokenizer's own
     # (e.g. a Llama's leading bos), as transformers does
     ids = tokenizer.encode(text, add_special_tokens=not args.chat).ids
