@@ -4,6 +4,7 @@ to a hybrid ladder); ``train.freeze_layers`` keeps the lower blocks fixed; a mod
 refused in one line before anything is built."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +181,37 @@ def test_init_from_refuses_a_preset_a_missing_folder_and_a_second_start(tmp_path
         load_config(None, ["checkpoint.init_from=a", "checkpoint.load=b"])
     with pytest.raises(ConfigError, match=r"'train.freeze_layers'=5 must lie in \[0, model.n_layers=4\]"):
         load_config(None, ["model.n_layers=4", "train.freeze_layers=5"])
+
+
+def _smollm2_worker(folder, run_dir):
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    env = init_distributed()
+    try:
+        cfg = load_config(
+            Path(__file__).resolve().parents[1] / "recipes" / "adapt_smollm2_ladder15.yaml",
+            [f"checkpoint.init_from={folder}", f"run.dir={run_dir}", "wandb.mode=disabled"],
+        )
+        trainer = Trainer(cfg, env, batches=[])  # the recipe's shape against the real folder; no data read
+        with torch.no_grad():
+            logits = trainer.model(SMOLLM2_TOKENS)
+        layouts = trainer.model.args.layer_layouts()
+    finally:
+        dist.destroy_process_group()
+    return logits, layouts
+
+
+SMOLLM2_TOKENS = torch.tensor([[504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 7042, 314]])
+
+
+@pytest.mark.slow
+def test_the_smollm2_recipe_converts_the_real_model(smollm2, tmp_path):
+    """recipes/adapt_smollm2_ladder15.yaml fits the real SmolLM2 folder, and the run starts from its weights wired
+    as a hybrid ladder: the logits of load_model's model under the same layout."""
+    (logits, layouts) = run_ranks(_smollm2_worker, 1, str(smollm2), str(tmp_path / "run"))[0]
+    assert layouts == ["standard"] * 15 + ["ladder"] * 15
+    source = load_model(smollm2).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(logits, as_hybrid_ladder(source, 15)(SMOLLM2_TOKENS), atol=1e-4, rtol=1e-4)
+        assert (logits - source(SMOLLM2_TOKENS)).abs().max() > 0.1  # the conversion changes what it computes
