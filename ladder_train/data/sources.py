@@ -118,17 +118,23 @@ def first_bad_record(files: list[Path], text_column: str) -> str | None:
     for path in files:
         if FORMATS.get(path.suffix) != "json":
             continue
-        with path.open(encoding="utf-8", errors="replace") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    return f"{path}: line {number} is not JSON ({err.msg.removesuffix(' at')} at column {err.colno}); expected one JSON object per line"
-                if not isinstance(record, dict) or text_column not in record:
-                    return f"{path}: line {number} has no '{text_column}' key (data.text_column)"
+        for number, record in _json_lines(path):
+            if isinstance(record, json.JSONDecodeError):
+                return f"{path}: line {number} is not JSON ({record.msg.removesuffix(' at')} at column {record.colno}); expected one JSON object per line"
+            if not isinstance(record, dict) or text_column not in record:
+                return f"{path}: line {number} has no '{text_column}' key (data.text_column)"
     return None
+
+
+def _json_lines(path: Path):
+    """(line number, the parsed JSON or its JSONDecodeError) for each non-empty line of a JSON-lines file."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield number, json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield number, err
 
 
 def first_bad_conversation(files: list[Path]) -> str | None:
@@ -136,17 +142,12 @@ def first_bad_conversation(files: list[Path]) -> str | None:
     if there is none. Like first_bad_record, this runs when a bad row turns up while training reads."""
     for path in files:
         if FORMATS.get(path.suffix) == "json":
-            with path.open(encoding="utf-8", errors="replace") as f:
-                for number, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError:
-                        return f"{path}: line {number} is not JSON; expected one JSON object per line"
-                    messages = record.get(CHAT_COLUMN) if isinstance(record, dict) else None
-                    if problem := conversation_problem(messages):
-                        return f"{path}: line {number}: {problem}"
+            for number, record in _json_lines(path):
+                if isinstance(record, json.JSONDecodeError):
+                    return f"{path}: line {number} is not JSON; expected one JSON object per line"
+                messages = record.get(CHAT_COLUMN) if isinstance(record, dict) else None
+                if problem := conversation_problem(messages):
+                    return f"{path}: line {number}: {problem}"
         elif FORMATS.get(path.suffix) == "parquet":
             row = 0
             for batch in pq.ParquetFile(path).iter_batches(columns=[CHAT_COLUMN], batch_size=4096):
