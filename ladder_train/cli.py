@@ -74,6 +74,10 @@ def cmd_train(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    if cfg.checkpoint.init_from:  # a model that does not fit the recipe is refused before any process group exists
+        from .loading import check_init_source
+
+        check_init_source(cfg.checkpoint.init_from, model_args(cfg.model))
     if args.dry_run:
         print(dry_run(cfg, args.simulate))
         return 0
