@@ -1,7 +1,8 @@
 """Every console script starts here, and here its errors become one line and an exit status.
 
 ``ladder-train --config R [key=value ...]`` trains (also ``python -m ladder_train.train``, what torchrun
-launches); its subcommands are ``show`` (resolved config and model size) and ``demo`` (the quick start's job).
+launches); its subcommands are ``show`` (resolved config and model size), ``study`` (a grid of runs) and ``demo`` (the
+quick start's job).
 ``ladder-bench``, ``ladder-eval``, ``ladder-export``, ``ladder-report``, ``ladder-predict`` and ``ladder-generate`` parse and run in
 their own modules (``run(argv)``), called through ``run_command``.
 
@@ -112,7 +113,33 @@ def cmd_demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
-SUBCOMMANDS = {"show": cmd_show, "demo": cmd_demo}
+def cmd_study(argv: list[str]) -> int:
+    """A grid of runs over config keys (``key=a,b`` sweeps), run here one after another or as a Slurm array."""
+    from .study.runner import Study
+
+    parser = _config_parser("ladder-train study")
+    parser.description = (
+        "Run a grid of trainings: key=a,b,c sweeps a key, key=[a,b] is one list value, run.dir names the study's "
+        "folder. Finished points are skipped, cut-off ones resume."
+    )
+    parser.add_argument("--dry-run", action="store_true", help="list the points and their state, run nothing")
+    parser.add_argument(
+        "--point", type=int, default=None, metavar="I", help="print point I's trainer overrides (slurm/study.sh)"
+    )
+    args = parser.parse_args(argv)
+    if args.config is None:
+        parser.error("--config is required")
+    study = Study(args.config, args.overrides)
+    if args.point is not None:
+        print("\n".join(study.point(args.point).run_overrides(study.dir)))
+    elif args.dry_run:
+        print(study.describe(args.overrides))
+    else:
+        study.run_all()
+    return 0
+
+
+SUBCOMMANDS = {"show": cmd_show, "demo": cmd_demo, "study": cmd_study}
 
 
 def _train_command(argv: list[str]) -> int:

@@ -8,6 +8,7 @@ Launch (``ladder_train.cli``): ``ladder-train --config recipes/X.yaml [key=value
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import signal
 import time
@@ -286,6 +287,7 @@ class Trainer:
             self.checkpointer.finish()
             if history:
                 self.evaluator.at_end(self.model, self.step, logger, self._checkpoint_dir())
+            self._mark_finished(history)
             logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
         finally:
             for sig, handler in handlers.items():
@@ -327,6 +329,14 @@ class Trainer:
         dist.broadcast_object_list(box, src=0)
         self.wandb_id = box[0]
         return logger
+
+    def _mark_finished(self, history: list[dict]) -> None:
+        """RUN_DIR/summary.json: the run reached its last step (a study skips it); written last, by rank 0."""
+        if self.env.is_main and self.step >= self.max_steps:
+            summary = {"finished": True, "step": self.step, "tokens": self.tokens_seen}
+            if history:
+                summary["final_loss"] = history[-1]["loss"]
+            (self.run_dir / "summary.json").write_text(json.dumps(summary) + "\n")
 
     def _checkpoint_dir(self) -> Path:
         return self.checkpointer.folder / f"step-{self.step}"

@@ -1,0 +1,102 @@
+"""Running a study's points: one after another on this machine (a finished run is skipped, a cut-off one resumes
+from its newest checkpoint), or one point per Slurm array task (``slurm/study.sh`` asks ``--point I`` for the
+overrides of its point). Every point's config is checked before the first run starts."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from ..config import load_config
+from ..errors import Preempted, RunFailed
+from .grid import Point, fixed_overrides, grid
+
+FINISHED_FILE = "summary.json"  # the trainer writes it when a run reaches its last step
+
+
+def finished(run_dir: Path) -> bool:
+    path = run_dir / FINISHED_FILE
+    try:
+        return bool(json.loads(path.read_text()).get("finished"))
+    except (OSError, ValueError):
+        return False
+
+
+def status(run_dir: Path) -> str:
+    if finished(run_dir):
+        return "finished"
+    steps = [int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    return f"resumes at step {max(steps)}" if steps else "new"
+
+
+class Study:
+    """A recipe, the command's overrides, and the points they span."""
+
+    def __init__(self, recipe: str, overrides: list[str]):
+        self.recipe = recipe
+        self.points = grid(overrides)
+        base = load_config(recipe, fixed_overrides(overrides))
+        self.dir = Path(base.run.dir)
+        # every point must make a valid config before any run starts
+        for point in self.points:
+            load_config(recipe, point.run_overrides(self.dir))
+
+    def describe(self, sweep_args: list[str]) -> str:
+        lines = [f"study {self.dir}: {len(self.points)} points of {self.recipe}"]
+        for point in self.points:
+            lines.append(f"{point.index:>4}  {point.name}  [{status(point.run_dir(self.dir))}]")
+        quoted = " ".join(shlex.quote(arg) for arg in sweep_args)
+        lines.append(f"Slurm: sbatch --array=0-{len(self.points) - 1} slurm/study.sh {self.recipe} {quoted}")
+        return "\n".join(lines)
+
+    def point(self, index: int) -> Point:
+        if not 0 <= index < len(self.points):
+            raise RunFailed(f"study {self.dir}: point {index} does not exist (0..{len(self.points) - 1})")
+        return self.points[index]
+
+    def run_all(self) -> None:
+        for point in self.points:
+            run_dir = point.run_dir(self.dir)
+            if finished(run_dir):
+                print(f"study: [{point.index}] {point.name}: finished, skipped", flush=True)
+                continue
+            print(f"study: [{point.index}] {point.name}: {status(run_dir)}", flush=True)
+            self._run_point(point)
+
+    def _run_point(self, point: Point) -> None:
+        run_dir = point.run_dir(self.dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "ladder_train.train", "--config", self.recipe, *point.run_overrides(self.dir)]
+        env = {**os.environ, "WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP", self.dir.name)}
+        with open(run_dir / "train.log", "a") as log:
+            child = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=_die_with_parent
+            )
+            try:
+                for line in child.stdout:
+                    sys.stdout.write(line)
+                    log.write(line)
+                code = child.wait()
+            except KeyboardInterrupt:  # Ctrl-C reached the child too (same process group): let it checkpoint
+                code = child.wait()
+        if code == 75 or code == -signal.SIGTERM:
+            raise Preempted(
+                f"point {point.index} ({point.name}) stopped with a checkpoint; run the study again to go on"
+            )
+        if code != 0 or not finished(run_dir):
+            raise RunFailed(
+                f"point {point.index} ({point.name}) failed with exit status {code}; its log: {run_dir}/train.log"
+            )
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the study process dies, even by kill -9 (the trainer then saves and exits)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
