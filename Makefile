@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # on a GPU machine, keep the CUDA torch already installed in the environment.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-fast lint clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q tests
+
+# the inner loop: single-process tests only (every test that spawns processes is marked slow)
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff check ladder_train tests benchmarks

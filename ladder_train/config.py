@@ -249,7 +249,11 @@ def _check_values(cfg: Config) -> None:
         value = getattr(getattr(cfg, section), name)
         if value not in choices:
             raise ConfigError(f"key '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
-    m = cfg.model
+    _check_model(cfg.model, cfg.data.seq_len)
+    _check_training(cfg)
+
+
+def _check_model(m: ModelConfig, seq_len: int) -> None:
     for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
         if getattr(m, name) <= 0:
             raise ConfigError(f"key 'model.{name}' must be positive, got {getattr(m, name)}")
@@ -271,9 +275,12 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(
                 f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]"
             )
-    if cfg.data.seq_len > m.max_seq_len:
-        raise ConfigError(f"key 'data.seq_len'={cfg.data.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
-    t = cfg.train
+    if seq_len > m.max_seq_len:
+        raise ConfigError(f"key 'data.seq_len'={seq_len} exceeds model.max_seq_len={m.max_seq_len}")
+
+
+def _check_training(cfg: Config) -> None:
+    m, t = cfg.model, cfg.train
     if t.log_every <= 0:
         raise ConfigError(f"key 'train.log_every' must be a positive number of steps, got {t.log_every}")
     if cfg.data.shuffle_buffer < 0:

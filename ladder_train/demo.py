@@ -9,15 +9,14 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from .model.transformer import RESIDUAL_LAYOUTS
+from .report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,85 +32,38 @@ def find_shared_eval() -> Path | None:
     return candidate if (candidate / "arc_easy.jsonl").is_file() else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ladder-train demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=Path("runs/demo"))
-    parser.add_argument("--steps", type=int, default=300, help="training steps per layout")
-    parser.add_argument(
-        "--link-latency-ms", type=float, default=1.0, help="the emulated all-reduce latency of the TP benchmark"
-    )
-    args = parser.parse_args(argv)
-    python = sys.executable
+def run_demo(out: Path, steps: int, link_latency_ms: float) -> Path:
+    """Train, evaluate and benchmark the three layouts into ``out``; returns the report's path."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     env.setdefault("WANDB_MODE", "offline")
-    started = time.time()
     shared_eval = find_shared_eval()
     if shared_eval is None:
         print("demo: ../shared/eval not found: skipping the lm-eval step (validation loss only)", flush=True)
-
-    runs = []
-    for layout in RESIDUAL_LAYOUTS:
-        run_dir = args.out / layout
-        if run_dir.exists():  # a fresh demo each time, not an auto-resume of the last one
-            shutil.rmtree(run_dir)
-        cmd = [python, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml")]
-        cmd += [
-            f"run.name=demo_{layout}",
-            f"run.dir={run_dir}",
-            f"model.residual={layout}",
-            f"train.max_steps={args.steps}",
-        ]
-        cmd += [
-            f"train.schedule.total_steps={args.steps}",
-            "eval.val_every=50",
-            "eval.val_batches=8",
-            "checkpoint.keep=1",
-        ]
-        if shared_eval is not None:
-            cmd += [
-                "eval.at_end=true",
-                "eval.tasks=[arc_easy_local,piqa_local]",
-                f"eval.local_data={shared_eval}",
-                "eval.limit=100",
-            ]
-        _run(cmd, env)
-        runs.append(run_dir)
-
-    bench = args.out / "bench.jsonl"
+    runs = [_train_layout(layout, out / layout, steps, shared_eval, env) for layout in RESIDUAL_LAYOUTS]
+    bench = out / "bench.jsonl"
     bench.unlink(missing_ok=True)
-    # a model wide enough that one module's decode step takes milliseconds on the CPU
-    cmd = [
-        python,
-        "-m",
-        "ladder_train.inference.bench",
-        "--model",
-        "tiny",
-        "--tp",
-        "2",
-        "--layouts",
-        ",".join(RESIDUAL_LAYOUTS),
-    ]
+    _benchmark(bench, link_latency_ms, env)
+    return write_report(runs, out / "report", [bench])
+
+
+def _train_layout(layout: str, run_dir: Path, steps: int, shared_eval: Path | None, env: dict) -> Path:
+    if run_dir.exists():  # a fresh demo each time, not an auto-resume of the last one
+        shutil.rmtree(run_dir)
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml")]
+    cmd += [f"run.name=demo_{layout}", f"run.dir={run_dir}", f"model.residual={layout}", f"train.max_steps={steps}"]
+    cmd += [f"train.schedule.total_steps={steps}", "eval.val_every=50", "eval.val_batches=8", "checkpoint.keep=1"]
+    if shared_eval is not None:
+        cmd += ["eval.at_end=true", "eval.tasks=[arc_easy_local,piqa_local]", f"eval.local_data={shared_eval}"]
+        cmd += ["eval.limit=100"]
+    _run(cmd, env)
+    return run_dir
+
+
+def _benchmark(out: Path, link_latency_ms: float, env: dict) -> None:
+    """TP = 2 on the CPU, a model wide enough that one module's decode step takes milliseconds."""
+    cmd = [sys.executable, "-m", "ladder_train.bench", "--model", "tiny", "--tp", "2", "--layouts"]
+    cmd += [",".join(RESIDUAL_LAYOUTS)]
     cmd += ["--set", "dim=1024", "n_layers=4", "n_heads=8", "ffn_dim=2816", "vocab_size=4096", "max_seq_len=512"]
     cmd += ["--batch-sizes", "1,4", "--prompt-len", "64", "--gen-len", "16", "--runs", "2"]
-    cmd += ["--link-latency-ms", str(args.link_latency_ms), "--out", str(bench)]
+    cmd += ["--link-latency-ms", str(link_latency_ms), "--out", str(out)]
     _run(cmd, env)
-
-    cmd = [
-        python,
-        "-m",
-        "ladder_train.report",
-        *map(str, runs),
-        "--bench",
-        str(bench),
-        "--out",
-        str(args.out / "report"),
-    ]
-    _run(cmd, env)
-    print(f"\ndemo finished in {(time.time() - started) / 60:.1f} min: open {args.out / 'report' / 'report.md'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,16 +19,38 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint_data import load_dcp, read_trainer_state
-from .checkpoint_files import COMPLETE_MARKER, first_line, verify_checkpoint
+from .checkpoint.files import COMPLETE_MARKER, first_line, verify_checkpoint
+from .checkpoint.safe_load import load_dcp, read_trainer_state
 from .errors import InputError
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
 from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensor_names, weight_files
 from .model.presets import PRESETS
-from .model.tp_plan import check_tp_degree, shard_dim, shard_slice
+from .model.tp_sharding import check_tp_degree, shard_dim, shard_slice
 from .model.transformer import rope_tables
 
 SOURCE_KINDS = ("preset", "export", "checkpoint")
+FOLDER_KINDS = ("export", "checkpoint", "incomplete checkpoint")
+
+
+def folder_kind(path: str | Path) -> str | None:
+    """What a model folder is, by its files alone (nothing is read): ``"export"`` (a Hugging Face Llama folder:
+    config.json + model.safetensors or its shard index, what ladder-export writes or a pretrained Llama),
+    ``"checkpoint"`` (a complete training checkpoint: the COMPLETE marker), ``"incomplete checkpoint"`` (DCP files
+    without the marker), or None. The one place that decides it."""
+    path = Path(path)
+    if (path / "config.json").is_file() and ((path / WEIGHTS_FILE).is_file() or (path / INDEX_FILE).is_file()):
+        return "export"
+    if (path / COMPLETE_MARKER).is_file():
+        return "checkpoint"
+    if (path / ".metadata").is_file():
+        return "incomplete checkpoint"
+    return None
+
+
+def run_config_path(checkpoint: str | Path) -> Path:
+    """The config of the run a training checkpoint belongs to: ``RUN_DIR/config.yaml`` for
+    ``RUN_DIR/checkpoints/step-N`` (it may not exist, e.g. for a copied checkpoint)."""
+    return Path(checkpoint).resolve().parent.parent / "config.yaml"
 
 
 @dataclass(frozen=True)
@@ -46,13 +68,9 @@ def resolve_source(source: str | Path, **overrides) -> ModelSource:
     if str(source) in PRESETS:
         return ModelSource("preset", preset_args(str(source), **overrides))
     path = Path(source)
-    kind = None
-    if (path / "config.json").is_file() and ((path / WEIGHTS_FILE).is_file() or (path / INDEX_FILE).is_file()):
-        kind = "export"  # a Hugging Face Llama folder, ours or a pretrained one
-    elif (path / ".metadata").is_file():  # a DCP checkpoint
-        if not (path / COMPLETE_MARKER).is_file():
-            raise InputError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-        kind = "checkpoint"
+    kind = folder_kind(path)
+    if kind == "incomplete checkpoint":
+        raise InputError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
     if kind is None:
         raise InputError(
             f"{str(source)!r} is neither a model preset ({', '.join(PRESETS)}), an export folder "
@@ -86,11 +104,12 @@ def model_from_state(args: ModelArgs, state: dict[str, torch.Tensor], device: st
     return model
 
 
-def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Transformer:
+def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu", verify: bool = True) -> Transformer:
     """The full (unsharded) model of a training checkpoint, in one process, whatever world saved it.
-    The checkpoint is verified first: a damaged one raises CheckpointError naming it."""
+    The checkpoint is verified first (unless the caller just did): a damaged one raises CheckpointError naming it."""
     path = Path(path)
-    verify_checkpoint(path, no_dist=True)
+    if verify:
+        verify_checkpoint(path, no_dist=True)
     model = materialize(build_on_meta(ModelArgs(**read_trainer_state(path)["model_args"])), device)
     state = {"model": model.state_dict()}
     load_dcp(state, path, no_dist=True)
@@ -104,7 +123,7 @@ def load_model(
     """A full Transformer from a preset name (random weights from the caller's torch seed; ``overrides`` set
     ModelArgs fields, e.g. ``residual="ladder"``), a Hugging Face Llama folder or a training checkpoint.
     Parameters are fp32 (whatever the file's dtype) unless ``dtype`` is given."""
-    if str(source) not in PRESETS and Path(source).is_dir() and (Path(source) / COMPLETE_MARKER).is_file():
+    if str(source) not in PRESETS and folder_kind(source) == "checkpoint":
         model = model_from_checkpoint(source, device)  # verified before anything is read
     else:
         found = resolve_source(source, **overrides)
@@ -182,7 +201,7 @@ def load_tp_model(
     **overrides,
 ) -> Transformer:
     """This rank's shard of a model, from an export folder, a training checkpoint or a preset with
-    random weights (model/tp_plan.py says which dimension of which weight is split).
+    random weights (model/tp_sharding.py says which dimension of which weight is split).
 
     A preset is initialised exactly as ``torch.manual_seed(seed)`` + ``Transformer.init_weights`` would
     initialise the full model on ``device`` (one full tensor at a time, then sliced), so every TP degree
@@ -210,7 +229,7 @@ def load_tp_model(
             local = read(name, index)
         else:  # the same RNG draws, in the same order, as init_weights on the full model
             full = torch.empty(param.shape, device=device)
-            std = model.init_std(name)
+            std = model.param_init_std(name)
             full = nn.init.ones_(full) if std is None else nn.init.normal_(full, mean=0.0, std=std)
             local = full[index].clone() if index else full  # a row slice is a view: keep only the shard
         module_name, _, attr = name.rpartition(".")

@@ -34,7 +34,7 @@ for p2p_disable in 0 1; do
     for tp in 1 2 4 8; do
         echo "=== TP=${tp} NCCL_P2P_DISABLE=${p2p_disable} ==="
         NCCL_P2P_DISABLE=${p2p_disable} torchrun --standalone --nproc-per-node "${tp}" \
-            -m ladder_train.inference.bench --model "${MODEL}" \
+            -m ladder_train.bench --model "${MODEL}" \
             --layouts standard,parallel,ladder --batch-sizes 1,4,16,64 \
             --prompt-len 1024 --gen-len 512 --warmup 1 --runs 3 --out "${OUT}" "$@"
     done

@@ -38,3 +38,17 @@ def run_ranks(fn, world_size: int, *args, local_world_size: int | None = None) -
             join=True,
         )
         return [pickle.loads(Path(out_dir, f"{rank}.pkl").read_bytes()) for rank in range(world_size)]
+
+
+def save_training_checkpoint(model, root, step: int = 3):
+    """``model`` saved as a training checkpoint (RUN_DIR/checkpoints/step-N) by the trainer's own Checkpointer;
+    returns its path."""
+    import dataclasses
+
+    from ladder_train.checkpoint import Checkpointer
+    from ladder_train.config import load_config
+
+    cfg = load_config(None, ["checkpoint.async_save=false"])
+    checkpointer = Checkpointer(cfg.checkpoint, root, rank=0, world_size=1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    return checkpointer.save(step, model, optimizer, {"model_args": dataclasses.asdict(model.args)}, {})

@@ -7,7 +7,8 @@ import pytest
 from ladder_train.cli import main as cli_main
 from ladder_train.config import ConfigError, load_config, model_args, save_config
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
 
 
 def write(tmp_path, name, text):
@@ -127,3 +128,20 @@ def test_every_model_field_reaches_the_model():
     # None = "as many kv heads as heads" stays None in the config (and in config.yaml), resolved by ModelArgs
     plain = load_config(None, ["model.n_heads=8", "model.dim=64"])
     assert plain.model.n_kv_heads is None and model_args(plain.model).n_kv_heads == 8
+
+
+@pytest.mark.parametrize("key, value", [("train.log_every", 0), ("data.shuffle_buffer", -1), ("parallel.timeout_s", 0)])
+def test_non_positive_intervals_are_refused_naming_the_key(key, value):
+    with pytest.raises(ConfigError) as err:
+        load_config(REPO / "recipes/smoke.yaml", [f"{key}={value}"])
+    message = str(err.value)
+    assert f"key '{key}'" in message and f"got {value}" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("recipe", ["paper.yaml", "ladder_3b.yaml", "standard_1b.yaml"])
+def test_paper_recipes_stream_sample_100bt_shuffled(recipe):
+    cfg = load_config(REPO / "recipes" / recipe)
+    assert (cfg.data.source, cfg.data.hub_config) == ("HuggingFaceFW/fineweb-edu", "sample-100BT")
+    tokens = cfg.train.schedule.total_steps * cfg.train.global_batch_size * cfg.data.seq_len
+    assert 100e9 <= tokens <= 110e9  # about one pass over the 100B-token sample, not ten over sample-10BT
+    assert cfg.data.shuffle_buffer >= 1000

@@ -3,6 +3,7 @@
 corpus, and one-line errors for bad input."""
 
 import json
+import os
 import subprocess
 import sys
 from itertools import islice
@@ -19,6 +20,7 @@ from ladder_train.data import DataError, build_dataloader, byte_tokenizer, check
 from ladder_train.data.sources import local_files
 
 REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
 def starcoder(shared: Path) -> Tokenizer:
@@ -266,6 +268,7 @@ def test_shuffle_is_seeded_and_a_resume_under_another_shuffle_is_refused(tmp_pat
 # -- the offline smoke corpus ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_smoke_recipe_runs_with_no_network():
     code = f"""
 import socket
@@ -356,6 +359,7 @@ def test_vocab_mismatch_names_the_key():
         check_vocab(byte_tokenizer(), 49152, "model.vocab_size")
 
 
+@pytest.mark.slow
 def test_prepared_shards_give_the_same_windows(shared_dir, tmp_path):
     (tmp_path / "docs").mkdir()
     source = write_parquet(tmp_path / "docs" / "train-0.parquet", fineweb_texts(shared_dir, 8))
@@ -374,3 +378,36 @@ def test_prepared_shards_give_the_same_windows(shared_dir, tmp_path):
     prepared_cfg = DataConfig(source=str(tmp_path / "prepared"), text_column="input_ids", seq_len=50)
     prepared = stream_of(build_dataloader(prepared_cfg, tok, 2, num_workers=0, cycle=False))
     assert torch.equal(on_the_fly, prepared)
+
+
+@pytest.mark.slow
+def test_malformed_jsonl_line_after_the_first_is_one_line_naming_file_and_line(tmp_path):
+    source = tmp_path / "docs.jsonl"
+    good = [f'{{"text": "document {i} ' + "abc " * 50 + '"}' for i in range(40)]
+    source.write_text("\n".join(good[:30] + ['{"text": "cut off', *good[30:]]) + "\n")
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
+           f"run.dir={tmp_path / 'run'}", f"data.source={source}", "data.num_workers=2", "train.max_steps=50"]  # fmt: skip
+    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"ladder-train: error: {source}: line 31 is not JSON (Invalid control character at column 18); "
+        "expected one JSON object per line"
+    )
+
+
+def test_data_notes_come_from_rank_zero_once(tmp_path, monkeypatch, caplog):
+    from ladder_train.config import DataConfig
+    from ladder_train.data import build_dataloader, byte_tokenizer, load_tokenizer
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"text": "hello"}\n')
+    cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=4)
+    for rank, expected in (("3", 0), ("0", 1)):
+        monkeypatch.setenv("RANK", rank)
+        caplog.clear()
+        for _ in range(2):  # the validation loader opens the source again at every validation
+            build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0)
+            load_tokenizer(cfg.tokenizer)
+        corpus = [r for r in caplog.records if r.getMessage().startswith(f"data: corpus = local {source}")]
+        assert len(corpus) == expected, (rank, [r.getMessage() for r in caplog.records])

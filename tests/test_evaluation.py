@@ -5,6 +5,7 @@ import os
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import dataclasses
 import functools
 import json
 import math
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 
-from ladder_train.cli import evaluate as eval_main
+from ladder_train.cli import ladder_eval as eval_main
 from ladder_train.evaluation import EvalError, LadderLM, evaluate, format_table, validation_loss, wandb_summary
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
@@ -315,3 +316,26 @@ def test_held_out_batches_pack_documents_like_training(tokenizer, tmp_path):
     inputs, labels = batches[0]
     assert inputs.tolist() == [stream[0:4], stream[5:9]]
     assert labels.tolist() == [stream[1:5], stream[6:10]]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_cli_reads_a_training_checkpoint_directly_with_the_numbers_of_its_export(tokenizer, shared_dir, tmp_path):
+    from ladder_train.checkpoint import Checkpointer
+    from ladder_train.checkpoint.export import export_checkpoint
+    from ladder_train.config import load_config
+
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters())
+    checkpointer = Checkpointer(load_config(None, []).checkpoint, tmp_path / "run", rank=0, world_size=1)
+    args = dataclasses.asdict(model.args)
+    step = checkpointer.save(3, model, optimizer, {"step": 3, "model_args": args}, {})
+    tokenizer_path = str(shared_dir / "tokenizers/starcoder/tokenizer.json")
+    argv = ["--tasks", "piqa_local", "--local-data", str(shared_dir / "eval"), "--limit", "3"]
+    argv += ["--tokenizer", tokenizer_path, "--device", "cpu"]
+    assert eval_main([str(step), *argv]) == 0
+    direct = json.loads((tmp_path / "run" / "eval" / "step-3.json").read_text())  # beside the run's evaluations
+    export = export_checkpoint(step, tmp_path / "export")
+    assert eval_main([str(export), *argv, "--out", str(tmp_path / "exported.json")]) == 0
+    exported = json.loads((tmp_path / "exported.json").read_text())
+    assert direct["summary"] == exported["summary"] and direct["model"] == exported["model"]
+    assert not any(tmp_path.glob("run/checkpoints/step-3/eval"))

@@ -1,22 +1,40 @@
-"""Tensor-parallel inference on CPU/gloo: TP = 2 gives the single-process logits and tokens for every
-layout, the ladder's async (and delayed) all-reduce changes timing, never values, and the benchmark CLI
-writes consistent results."""
+"""Tensor-parallel inference and generation (``ladder_train.inference``), on CPU/gloo.
+
+The TP model: TP = 2 gives the single-process logits and tokens for every layout, and the ladder's async (and
+delayed) all-reduce changes timing, never values.
+
+The compiled path (the GPU's, run on the CPU): the ``fullgraph=True`` prefill and decode with real functional
+collectives over gloo at TP = 2, the ladder's overlap surviving inductor's scheduler, and the bf16 decode. The
+three layouts run with ``aot_eager`` (dynamo's full graph capture and AOT autograd's functionalisation of the
+collectives, which is where a graph break or a host-side call would fail, compiled in seconds); the ladder runs once
+more through inductor, the backend a GPU uses, because only inductor reorders and fuses kernels: there the test
+reads the generated code for the order of all-reduces, waits and matmuls (~30 s of C++ compilation on 2 cores).
+
+ladder-generate and the Generator's stop at end-of-sequence: rows finish at their stop token and the loop ends when
+all have (none by default, as the benchmark needs); the stop token is read from the model folder; the command gives
+the same completion from an export, a training checkpoint and under torchrun; bad input is one line, exit 2, before
+any weights are read; and SmolLM2 at TP = 3 and 1 gives transformers' logits and greedy tokens."""
 
 import dataclasses
 import json
 import os
+import re
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from dist_utils import run_ranks, save_training_checkpoint
 
 from ladder_train.checkpoint import Checkpointer
-from ladder_train.cli import bench as bench_main
-from ladder_train.config import load_config
+from ladder_train.cli import ladder_generate as generate_main
+from ladder_train.config import load_config, save_config
+from ladder_train.data.tokenizer import byte_tokenizer, model_tokenizer
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
-from ladder_train.inference.bench_results import latency_note
+from ladder_train.inference.generate import stop_tokens
 from ladder_train.inference.tp import EmulatedLinkCommunicator
 from ladder_train.loading import load_model
 from ladder_train.model import ModelArgs, Transformer
@@ -48,11 +66,7 @@ def make_export(root, name, residual, ladder_layers):
 
 def make_checkpoint(root, residual, ladder_layers):
     """The weights of ``make_export``, saved as a training checkpoint by the trainer's own Checkpointer."""
-    model = make_model(residual, ladder_layers)
-    cfg = load_config(None, ["checkpoint.async_save=false"])
-    checkpointer = Checkpointer(cfg.checkpoint, root, rank=0, world_size=1)
-    optimizer = torch.optim.AdamW(model.parameters())
-    return checkpointer.save(3, model, optimizer, {"model_args": dataclasses.asdict(model.args)}, {})
+    return save_training_checkpoint(make_model(residual, ladder_layers), root)
 
 
 @torch.no_grad()
@@ -211,7 +225,7 @@ def test_emulated_link_latency_holds_each_all_reduce(tp_run):
 @pytest.mark.slow
 def test_emulated_link_serialises_all_reduces_in_flight(tp_run):
     """Two all-reduces issued back to back over a 30 ms link: the second ends 60 ms after the first issue,
-    as on one NCCL stream (the emulation used to let their delays overlap: both done at 30 ms)."""
+    as on one NCCL stream (not both at 30 ms, as overlapping delays would give)."""
     ranks, _ = tp_run
     for result in ranks:
         first_done, second_done = result["serialised"]
@@ -240,17 +254,12 @@ def test_random_preset_shards_are_slices_of_the_full_init():
         assert torch.equal(a, b), name
 
 
-def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path, capsys):
+def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path):
     with pytest.raises(ValueError, match="tensor-parallel degree 3 does not divide n_heads=4"):
         load_tp_model("tiny", tp_rank=0, tp_size=3)
     path = make_export(tmp_path, "gqa", "standard", None)  # 4 heads, 2 kv heads
     with pytest.raises(ValueError, match="degree 4 does not divide n_kv_heads=2"):
         load_tp_model(path, tp_rank=0, tp_size=4)
-    capsys.readouterr()
-    assert bench_main(["--model", "tiny", "--tp", "3"]) == 2
-    assert capsys.readouterr().err == "ladder-bench: error: tiny: tensor-parallel degree 3 does not divide n_heads=4\n"
-    assert bench_main(["--model", "tiny", "--layouts", "standard,lader"]) == 2
-    assert "ladder-bench: error: --layouts 'standard,lader'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="neither a model preset"):
         load_tp_model(tmp_path / "missing")
     torn = tmp_path / "checkpoints" / "step-8"
@@ -267,46 +276,484 @@ def test_sampling_greedy_and_top_k():
     assert set(drawn.tolist()) == {1, 2}  # only the two best, and both of them
 
 
+# the compiled path ------------------------------------------------------------------------------------------
+
+COMPILED_SHAPE = dict(vocab_size=97, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
+COMPILED_LAYOUTS = {"standard": None, "parallel": None, "ladder": None, "hybrid": 2}  # hybrid: ladder on the last 2
+COMPILED_PROMPT = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(1))
+COMPILED_NEW_TOKENS = 8
+
+
+def load_tiny(layout: str, rank: int = 0, world: int = 1):
+    residual = "ladder" if layout == "hybrid" else layout
+    return load_tp_model(
+        "tiny", rank, world, residual=residual, ladder_layers=COMPILED_LAYOUTS[layout], **COMPILED_SHAPE
+    )
+
+
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def in_gloo_group(fn, *args):
+    """``fn(*args)`` inside a gloo process group made from the environment run_ranks sets."""
+    dist.init_process_group("gloo")
+    try:
+        return fn(*args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _compiled_worker(backend: str, layouts: list[str]):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for layout in layouts:
+        model = load_tiny(layout, rank, world)
+        model.set_communicator(TPCommunicator(comm_mode_for(model.args.residual)))
+        eager = Generator(model, dist.group.WORLD)
+        compiled = Generator(model, dist.group.WORLD, compile=True, backend=backend)
+        before = graphs_compiled()
+        first = compiled.generate(COMPILED_PROMPT, COMPILED_NEW_TOKENS)
+        after_first = graphs_compiled()
+        second = compiled.generate(COMPILED_PROMPT, COMPILED_NEW_TOKENS)  # same shapes: no recompilation
+        after_second = graphs_compiled()
+        last = COMPILED_PROMPT[:, -1].contiguous()  # as sampled tokens are (a strided view would be a new guard)
+        logits = {}
+        for name, gen in (("compiled", compiled), ("eager", eager)):
+            gen.setup(2, COMPILED_PROMPT.shape[1] + COMPILED_NEW_TOKENS)
+            gen.prefill(COMPILED_PROMPT)
+            logits[name] = gen.decode_step(last, COMPILED_PROMPT.shape[1])
+        out[layout] = {
+            "eager_tokens": eager.generate(COMPILED_PROMPT, COMPILED_NEW_TOKENS),
+            "compiled_tokens": first,
+            "second_tokens": second,
+            "graphs_first": after_first - before,
+            "graphs_total": after_second - before,
+            "eager_logits": logits["eager"],
+            "compiled_logits": logits["compiled"],
+        }
+    return out
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {
+        layout: Generator(load_tiny(layout)).generate(COMPILED_PROMPT, COMPILED_NEW_TOKENS)
+        for layout in COMPILED_LAYOUTS
+    }
+
+
 @pytest.mark.slow
-def test_bench_cli_two_ranks_writes_consistent_results(tmp_path):
-    out = tmp_path / "bench.jsonl"
-    argv = ["--model", "tiny", "--set", "vocab_size=128", "--tp", "2", "--batch-sizes", "1,2", "--prompt-len", "8"]
-    argv += ["--gen-len", "4", "--runs", "1", "--warmup", "0", "--link-latency-ms", "1", "--out", str(out)]
-    bench_main(argv)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["layout"], r["batch"]) for r in rows] == [
-        (lay, b) for b in (1, 2) for lay in ("standard", "parallel", "ladder")
+def test_compiled_tp2_decode_gives_the_eager_and_tp1_tokens_for_every_layout(references):
+    ranks = run_ranks(in_gloo_group, 2, _compiled_worker, "aot_eager", list(COMPILED_LAYOUTS))
+    for result in ranks:
+        for layout, r in result.items():
+            assert torch.equal(r["compiled_tokens"], r["eager_tokens"]), layout
+            assert torch.equal(r["compiled_tokens"], references[layout]), layout
+            assert torch.equal(r["second_tokens"], r["compiled_tokens"]), layout
+            torch.testing.assert_close(r["compiled_logits"], r["eager_logits"], atol=1e-5, rtol=1e-5)
+            # one prefill graph and one decode graph, reused by every step and by the second generation
+            assert r["graphs_first"] == 2 and r["graphs_total"] == 2, layout
+
+
+def _inductor_schedule_worker():
+    """The ladder's decode step through inductor: tokens, and the generated code of the step."""
+    from torch._inductor.utils import run_and_get_code
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = load_tiny("ladder", rank, world)
+    model.set_communicator(TPCommunicator("async"))
+    gen = Generator(model, dist.group.WORLD, compile=True, backend="inductor")
+    tokens = gen.generate(COMPILED_PROMPT, COMPILED_NEW_TOKENS)
+    gen.setup(2, COMPILED_PROMPT.shape[1] + COMPILED_NEW_TOKENS)
+    with torch.no_grad():
+        _, code = run_and_get_code(gen._decode, COMPILED_PROMPT[:, -1:], torch.tensor(COMPILED_PROMPT.shape[1]))
+    return tokens, code[-1]
+
+
+def schedule(code: str) -> list[tuple[str, str | None]]:
+    """The generated code's sequence of ("issue", buffer), ("wait", buffer) and ("matmul", None)."""
+    events = []
+    for line in code.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            continue
+        if m := re.search(r"_c10d_functional\.all_reduce_?\.default\((?:reinterpret_tensor\()?(\w+)", line):
+            events.append(("issue", m.group(1)))
+        elif m := re.search(r"_c10d_functional\.wait_tensor\.default\((?:reinterpret_tensor\()?(\w+)", line):
+            events.append(("wait", m.group(1)))
+        elif re.search(r"extern_kernels\.(mm|addmm|bmm)\(", line):
+            events.append(("matmul", None))
+    return events
+
+
+def matmuls_in_flight(events) -> list[int]:
+    """For each all-reduce in issue order, the matmuls run between its issue and its wait."""
+    counts = []
+    for i, (kind, buf) in enumerate(events):
+        if kind == "issue":
+            end = next(j for j in range(i + 1, len(events)) if events[j] == ("wait", buf))
+            counts.append(sum(1 for kind_, _ in events[i + 1 : end] if kind_ == "matmul"))
+    return counts
+
+
+@pytest.mark.slow
+def test_inductor_keeps_every_ladder_all_reduce_in_flight_across_the_next_module(references):
+    """Inductor by default waits right after each all-reduce and fuses the ladder's residual adds across
+    modules; with the generator's scheduling passes and the ladder's fences, every all-reduce but the last
+    (waited before the final norm) stays in flight across the next module's matmuls."""
+    ranks = run_ranks(in_gloo_group, 2, _inductor_schedule_worker)
+    for tokens, code in ranks:
+        assert torch.equal(tokens, references["ladder"])
+        in_flight = matmuls_in_flight(schedule(code))
+        assert len(in_flight) == 2 * COMPILED_SHAPE["n_layers"]
+        # attention's all-reduce hides behind the MLP (3 matmuls), the MLP's behind the next attention (4)
+        assert all(n >= 3 for n in in_flight[:-1]), in_flight
+        assert in_flight[-1] == 0
+
+
+def test_schedule_parser_on_a_blocking_and_an_overlapped_sequence():
+    code = "\n".join(
+        [
+            "extern_kernels.mm(buf1, arg2_1, out=buf3)",
+            "torch.ops._c10d_functional.all_reduce_.default(buf3, 'sum', '0')",
+            "# torch.ops._c10d_functional.wait_tensor.default(buf3) in a comment",
+            "extern_kernels.mm(buf4, arg5_1, out=buf6)",
+            "torch.ops._c10d_functional.all_reduce_.default(reinterpret_tensor(buf6, (2, 1, 64)), 'sum', '0')",
+            "torch.ops._c10d_functional.wait_tensor.default(buf3)",
+            "torch.ops._c10d_functional.wait_tensor.default(reinterpret_tensor(buf6, (2, 1, 64), (64, 64, 1), 0))",
+        ]
+    )
+    events = schedule(code)
+    assert events == [
+        ("matmul", None),
+        ("issue", "buf3"),
+        ("matmul", None),
+        ("issue", "buf6"),
+        ("wait", "buf3"),
+        ("wait", "buf6"),
     ]
-    for row in rows:
-        assert row["tp"] == 2 and row["emulated_link_latency_ms"] == 1.0 and row["backend"] == "gloo"
-        assert row["torch"] == torch.__version__ and row["device"].startswith("cpu")
-        std = next(r for r in rows if r["layout"] == "standard" and r["batch"] == row["batch"])
-        assert row["decode_speedup_vs_standard"] == pytest.approx(
-            std["decode_ms_per_token"] / row["decode_ms_per_token"]
-        )
-        assert row["comm_share"] == pytest.approx(1 - std["none"]["decode_ms_per_token"] / std["decode_ms_per_token"])
-        assert row["tokens_per_s"] > 0 and row["prefill_ms"] > 0 and set(row["module_ms"]) == {"attention", "mlp"}
-        # every standard all-reduce is held >= 1 ms: 2 per layer, 2 layers
-        if row["layout"] == "standard":
-            assert row["decode_ms_per_token"] >= 4.0
-        assert ("overlap_efficiency" in row) == (row["layout"] != "standard")
+    assert matmuls_in_flight(events) == [1, 0]
 
 
-def test_latency_note_compares_x_with_the_shorter_module():
-    below = latency_note(20.0, {"attention": 30.0, "mlp": 31.0})
-    assert below.startswith("Emulated X = 20 ms is 0.67x the shorter module's") and "overlap can hide it all" in below
-    above = latency_note(90.0, {"attention": 31.0, "mlp": 29.0})
-    # the serialised link is busy 90 ms per all-reduce: at best (30 + 90) / 90 per module
-    assert "3.1x" in above and "bounded near 1 + c/X = 1.33x" in above
+def test_bf16_decode_on_the_cpu_is_close_to_fp32():
+    """bf16 keeps 8 bits of mantissa: each rounding is off by up to 2^-9 (0.2 %) relative. The logits pass
+    a few dozen bf16 roundings (weights, activations, the residual adds of 3 layers, the cache) with fp32
+    accumulation, norms in fp32 and logits upcast; measured: 0.26 % of the largest fp32 logit. We allow
+    1 %, and the greedy token must agree wherever fp32's top-2 margin exceeds twice the error."""
+    fp32 = load_tiny("ladder")
+    bf16 = load_tiny("ladder")
+    bf16.to(torch.bfloat16)
+    logits = {}
+    for name, model in (("fp32", fp32), ("bf16", bf16)):
+        gen = Generator(model)
+        gen.setup(2, COMPILED_PROMPT.shape[1] + 4)
+        steps = [gen.prefill(COMPILED_PROMPT)]
+        for i in range(3):
+            steps.append(gen.decode_step(COMPILED_PROMPT[:, i], COMPILED_PROMPT.shape[1] + i))
+        logits[name] = torch.stack(steps)
+    assert logits["bf16"].dtype == torch.float32  # logits upcast in both
+    assert bf16.layers[0].attention.kv_cache.k.dtype == torch.bfloat16
+    error = (logits["bf16"] - logits["fp32"]).abs().max()
+    scale = logits["fp32"].abs().max()
+    assert 0 < error <= 0.01 * scale, (error, scale)
+    top2 = logits["fp32"].topk(2, dim=-1).values
+    decisive = (top2[..., 0] - top2[..., 1]) > 2 * error
+    agree = logits["bf16"].argmax(-1) == logits["fp32"].argmax(-1)
+    assert decisive.any() and agree[decisive].all()
 
 
-def test_bench_refuses_a_damaged_checkpoint_in_one_line(tmp_path, capsys):
-    path = make_checkpoint(tmp_path / "run", "ladder", None)
-    shard = max(path.glob("*.distcp"), key=lambda f: f.stat().st_size)
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x40  # one flipped bit in the weights
-    shard.write_bytes(bytes(data))
+# ladder-generate --------------------------------------------------------------------------------------------
+
+BYTE_SHAPE = dict(vocab_size=257, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=48)  # byte vocab
+CODE_PROMPT = "def add(a, b):"  # 14 byte tokens
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
+)
+
+
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs(**BYTE_SHAPE)).eval()
+    with torch.no_grad():  # wider weights than the init's, whose greedy tokens repeat one byte: varied tokens
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.5)
+    return model
+
+
+def tiny_folder(path, tokenizer_config: dict | None = None):
+    """An export of ``tiny_model`` with the byte tokenizer, and optionally a tokenizer_config.json."""
+    save_export(tiny_model(), path)
+    byte_tokenizer().save(str(path / "tokenizer.json"))
+    if tokenizer_config is not None:
+        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return path
+
+
+def expected_completion(prompt_ids: list[int], max_new: int, stop: int = 0) -> str:
+    """What ladder-generate should print for the tiny model: its greedy tokens up to the stop token, as text."""
+    new = Generator(tiny_model(), None).generate(torch.tensor([prompt_ids]), max_new, stop_tokens=[stop])[0].tolist()
+    return byte_tokenizer().decode(new[: new.index(stop)] if stop in new else new)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
     capsys.readouterr()
-    assert bench_main(["--model", str(path), "--gen-len", "2", "--prompt-len", "2"]) == 1  # a RunFailed
-    message = capsys.readouterr().err
-    assert message.startswith(f"ladder-bench: error: {path}") and message.count("\n") == 1
+    status = generate_main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+# the Generator's stop ---------------------------------------------------------------------------------------
+
+
+def test_rows_stop_at_their_stop_token_and_the_loop_when_all_have():
+    tokenizer = byte_tokenizer()
+    prompts = torch.tensor([tokenizer.encode(CODE_PROMPT).ids, tokenizer.encode("class Ladder()").ids])
+    generator = Generator(tiny_model(), None)
+    free = generator.generate(prompts, 20)  # the benchmark's use: no stop token, always max_new_tokens
+    assert free.shape == (2, 20)
+    rows = free.tolist()
+
+    def first(row: int, stop: int) -> int | None:
+        return rows[row].index(stop) if stop in rows[row] else None
+
+    def expected(row: int, stop: int, length: int) -> list[int]:
+        """The free row up to its first stop token, then that token repeated."""
+        cut = first(row, stop) + 1 if first(row, stop) is not None else 20
+        return (rows[row][:cut] + [stop] * 20)[:length]
+
+    # a token only row 0 produces: row 0 finishes, row 1 runs to max_new_tokens
+    only_first = next(t for t in rows[0][1:] if t not in rows[1] and rows[0].index(t) > 0)
+    out = generator.generate(prompts, 20, stop_tokens=[only_first])
+    assert out.shape == (2, 20) and 0 < first(0, only_first) < 19
+    assert out.tolist() == [expected(0, only_first, 20), expected(1, only_first, 20)]
+    # a token both produce: the loop ends once the later of the two has it
+    both = next(t for t in rows[0] if t in rows[1])
+    length = max(first(0, both), first(1, both)) + 1
+    assert length < 20 and first(0, both) != first(1, both)  # observed: they finish at different steps
+    out = generator.generate(prompts, 20, stop_tokens=[both])
+    assert out.tolist() == [expected(0, both, length), expected(1, both, length)]
+    # one row ends right after its stop token; with several stop ids, at whichever comes first
+    assert (
+        generator.generate(prompts[:1], 20, stop_tokens=[only_first])[0].tolist() == rows[0][: first(0, only_first) + 1]
+    )
+    stops = [rows[0][5], rows[0][3]]
+    end = min(first(0, t) for t in stops) + 1
+    assert end == 4 and generator.generate(prompts[:1], 20, stop_tokens=stops)[0].tolist() == rows[0][:end]
+
+
+def test_the_stop_token_comes_from_the_model_folder(tmp_path):
+    tokenizer = byte_tokenizer()
+    folder = tmp_path / "m"
+    folder.mkdir()
+    # nothing in the folder: <|endoftext|>, which every tokenizer here has
+    assert stop_tokens(folder, tokenizer, 257) == ([0], "<|endoftext|> (in the vocabulary)")
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": 66}))  # byte 'A' + 1
+    assert stop_tokens(folder, tokenizer, 257) == ([66], "A (eos_token_id of config.json)")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [11, 14]}))  # "\n" and "\r"
+    assert stop_tokens(folder, tokenizer, 257)[0] == [11, 14]
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "B", "special": True}}))
+    assert stop_tokens(folder, tokenizer, 257) == ([67], "B (eos_token of tokenizer_config.json)")
+
+
+def test_the_tokenizer_is_the_flag_the_folders_or_the_runs(tmp_path):
+    folder = tiny_folder(tmp_path / "export")
+    assert model_tokenizer(folder)[1] == str(folder / "tokenizer.json")
+    assert model_tokenizer(folder, "byte")[1] == "byte"
+    step = tmp_path / "run" / "checkpoints" / "step-1"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_bytes(b"")
+    save_config(load_config(None, ["data.tokenizer=byte"]), tmp_path / "run" / "config.yaml")
+    tokenizer, name = model_tokenizer(step)
+    assert name == "byte" and tokenizer.get_vocab_size() == 257
+
+
+# the command -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the checkpoint saved in one process
+def test_an_export_and_a_checkpoint_of_one_model_complete_alike(tmp_path, capsys):
+    model = tiny_model()
+    export = tiny_folder(tmp_path / "export")
+    cfg = load_config(None, ["checkpoint.async_save=false", "data.tokenizer=byte"])
+    save_config(cfg, tmp_path / "run" / "config.yaml")  # the run's tokenizer is what the checkpoint gets
+    checkpointer = Checkpointer(cfg.checkpoint, tmp_path / "run", rank=0, world_size=1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    step = checkpointer.save(3, model, optimizer, {"model_args": dataclasses.asdict(model.args)}, {})
+
+    expected = expected_completion(byte_tokenizer().encode(CODE_PROMPT).ids, 20)
+    assert expected  # the random model says something before <|endoftext|>
+    for source in (export, step):
+        status, out, err = run_cli(capsys, source, "--prompt", CODE_PROMPT, "--max-new-tokens", 20)
+        assert (status, out) == (0, expected + "\n")
+        assert "ladder-generate: 20 new tokens" in err and "at TP 1; --max-new-tokens 20 reached" in err
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_checkpoint_of_an_adapted_model_keeps_its_chat_template(tmp_path, capsys):
+    """A run that took its tokenizer from a model folder (checkpoint.init_from's): --chat on its checkpoint uses
+    that folder's template and eos, and ladder-export carries the template into the export."""
+    from ladder_train.checkpoint.export import export_checkpoint
+
+    model = tiny_model()
+    prompt = byte_tokenizer().encode("<user>hi<a>").ids
+    free = Generator(tiny_model(), None).generate(torch.tensor([prompt]), 24)[0].tolist()
+    stop = next(t for i, t in enumerate(free) if i >= 3 and t not in free[:i])  # a token it does produce
+    eos = byte_tokenizer().id_to_token(stop)
+    pretrained = tiny_folder(tmp_path / "pretrained", {"chat_template": CHAT_TEMPLATE, "eos_token": eos})
+    cfg = load_config(None, ["checkpoint.async_save=false", f"data.tokenizer={pretrained / 'tokenizer.json'}"])
+    save_config(cfg, tmp_path / "run" / "config.yaml")
+    checkpointer = Checkpointer(cfg.checkpoint, tmp_path / "run", rank=0, world_size=1)
+    step = checkpointer.save(3, model, torch.optim.AdamW(model.parameters()), {"model_args": BYTE_SHAPE}, {})
+    export = export_checkpoint(step, tmp_path / "export")
+    assert (export / "tokenizer_config.json").read_text() == (pretrained / "tokenizer_config.json").read_text()
+    expected = expected_completion(prompt, 24, stop=stop)
+    assert len(byte_tokenizer().encode(expected).ids) < 24
+    for source in (step, export):
+        status, out, err = run_cli(capsys, source, "--chat", "--prompt", "hi", "--max-new-tokens", 24)
+        assert (status, out) == (0, expected + "\n") and f"{eos} (eos_token of tokenizer_config.json)" in err, err
+
+
+def test_chat_template_wraps_the_prompt(tmp_path, capsys):
+    folder = tiny_folder(tmp_path / "m", {"chat_template": CHAT_TEMPLATE, "eos_token": "<|endoftext|>"})
+    status, out, _ = run_cli(capsys, folder, "--chat", "--prompt", "hi", "--max-new-tokens", 8)
+    assert status == 0 and out == expected_completion(byte_tokenizer().encode("<user>hi<a>").ids, 8) + "\n"
+
+
+def test_sampling_is_seeded(tmp_path, capsys):
+    folder = tiny_folder(tmp_path / "m")
+    args = [folder, "--prompt", CODE_PROMPT, "--max-new-tokens", 12, "--temperature", 5.0, "--top-k", 100]
+    outs = [run_cli(capsys, *args, "--seed", seed)[1] for seed in (1, 1, 2)]
+    assert outs[0] == outs[1] != outs[2]
+    assert outs[0] != run_cli(capsys, folder, "--prompt", CODE_PROMPT, "--max-new-tokens", 12)[1]  # not the greedy one
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{tmp}/missing", "--prompt", "x"], "'{tmp}/missing' is neither a model preset"),
+        (["tiny", "--prompt", "x"], "'tiny' is a preset (random weights, no tokenizer)"),
+        (["{export}", "--prompt", "x"], "{export}: no tokenizer.json inside; pass --tokenizer"),
+        (["{folder}", "--prompt", "x", "--chat"], "{folder}/tokenizer_config.json: not found"),
+        (["{folder}", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+        (["{folder}", "--prompt", "x", "--temperature", "-1"], "--temperature must be 0 (greedy) or positive"),
+        (["{folder}", "--prompt", "x", "--top-k", "5"], "--top-k 5: needs --temperature > 0"),
+        (["{folder}", "--prompt", ""], "--prompt is empty"),
+        (["{folder}", "--prompt", "x" * 48], "the prompt is 48 tokens, the model's max_seq_len is 48: no room"),
+        (["{folder}", "--prompt", "x" * 40], "the prompt (40 tokens) + --max-new-tokens 64 exceed the model's"),
+        (["{folder}", "--prompt", "x", "--tokenizer", "{tmp}/nope.json"], "--tokenizer: no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_loading(tmp_path, capsys, monkeypatch, argv, message):
+    folder = tiny_folder(tmp_path / "folder")
+    save_export(tiny_model(), tmp_path / "export")  # no tokenizer.json
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr("ladder_train.loading.load_tp_model", no_loading)
+    paths = dict(tmp=tmp_path, folder=folder, export=tmp_path / "export")
+    status, out, err = run_cli(capsys, *[a.format(**paths) for a in argv])
+    lines = [line for line in err.splitlines() if not line.startswith("data: tokenizer")]  # a logged note
+    assert status == 2 and out == ""
+    assert len(lines) == 1 and lines[0].startswith(f"ladder-generate: error: {message.format(**paths)}"), err
+
+
+@pytest.mark.slow
+def test_torchrun_tp2_prints_the_single_process_completion_once(tmp_path, capsys):
+    folder = tiny_folder(tmp_path / "m", {"eos_token": "<|endoftext|>"})
+    args = [str(folder), "--prompt", CODE_PROMPT, "--max-new-tokens", "16"]
+    expected = run_cli(capsys, *args)[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+    ]
+    result = subprocess.run(
+        [*torchrun, "-m", "ladder_train.inference", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected  # rank 0 alone prints
+    assert "at TP 2" in result.stderr and "RuntimeWarning" not in result.stderr
+
+
+# a real pretrained model: SmolLM2-135M-Instruct ------------------------------------------------------------------
+
+SMOLLM2_TEXT = "The three primary colors are"
+SMOLLM2_NEW_TOKENS = 32
+
+
+@pytest.mark.slow
+def test_smollm2_chat_answers_paris_and_stops_at_its_eos(smollm2, capsys):
+    status, out, err = run_cli(
+        capsys, smollm2, "--chat", "--prompt", "What is the capital of France?", "--max-new-tokens", 12
+    )
+    assert status == 0 and "Paris" in out
+    # observed: the whole answer, then <|im_end|> as the 8th token, before the 12 allowed
+    assert out == "The capital of France is Paris.\n"
+    assert "8 new tokens" in err and "stopped at <|im_end|> (eos_token of tokenizer_config.json)" in err
+
+
+@pytest.fixture(scope="module")
+def smollm2_reference(smollm2):
+    """transformers' logits over the prompt and its greedy 32 new tokens (stopping at eos, as it does)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+
+    ids = torch.tensor([Tokenizer.from_file(str(smollm2 / "tokenizer.json")).encode(SMOLLM2_TEXT).ids])
+    model = transformers.LlamaForCausalLM.from_pretrained(smollm2).float().eval()
+    with torch.no_grad():
+        logits = model(ids).logits
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=SMOLLM2_NEW_TOKENS, pad_token_id=2
+        )
+    return ids, logits, out[0, ids.shape[1] :]
+
+
+def _smollm2_rank(rank, world, port, folder, ids, out):
+    torch.set_num_threads(1)
+    group = None
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        group = dist.group.WORLD
+    model = load_tp_model(folder, tp_rank=rank, tp_size=world, group=group)
+    if group is not None:
+        model.set_communicator(TPCommunicator("sync", group))
+    with torch.no_grad():
+        logits = model(ids)
+    tokens = Generator(model, group).generate(ids, SMOLLM2_NEW_TOKENS, stop_tokens=[2])[0]  # eos_token_id 2: <|im_end|>
+    attention = model.layers[0].attention
+    rows = (attention.wq.weight.shape[0], attention.wk.weight.shape[0])
+    torch.save({"logits": logits, "tokens": tokens, "rows": rows}, out / f"{rank}.pt")
+    if group is not None:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [3, 1])
+def test_smollm2_at_tp_gives_transformers_logits_and_greedy_tokens(smollm2, smollm2_reference, tmp_path, tp):
+    ids, expected_logits, expected_tokens = smollm2_reference
+    assert expected_tokens.shape == (SMOLLM2_NEW_TOKENS,)  # observed: no eos within 32 tokens of this prompt
+    if tp == 1:
+        _smollm2_rank(0, 1, None, smollm2, ids, tmp_path)
+    else:  # 9 heads and 3 kv heads: 3 and 1 per rank
+        mp.spawn(_smollm2_rank, args=(tp, free_port(), smollm2, ids, tmp_path), nprocs=tp, join=True)
+    for rank in range(tp):
+        result = torch.load(tmp_path / f"{rank}.pt")
+        assert result["rows"] == (9 // tp * 64, 3 // tp * 64)  # this rank's heads and kv heads of 64
+        relative = (result["logits"] - expected_logits).abs().max() / expected_logits.abs().max()
+        assert relative < 1e-4, relative
+        assert result["tokens"].tolist() == expected_tokens.tolist()

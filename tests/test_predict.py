@@ -6,11 +6,12 @@ import statistics
 
 import pytest
 
-from ladder_train.cli import predict as predict_main
-from ladder_train.inference import predict
-from ladder_train.inference.calibrate import fit_alpha_beta
-from ladder_train.inference.hardware import load_profiles, parse_profiles
-from ladder_train.inference.perfmodel import (
+from ladder_train.cli import ladder_predict as predict_main
+from ladder_train.paper import INFERENCE_TP8_70B_INFERRED
+from ladder_train.predict import compare
+from ladder_train.predict.calibrate import fit_alpha_beta
+from ladder_train.predict.hardware import load_profiles, parse_profiles
+from ladder_train.predict.perfmodel import (
     Device,
     InputError,
     Link,
@@ -22,8 +23,7 @@ from ladder_train.inference.perfmodel import (
     simulate,
     step_ops,
 )
-from ladder_train.inference.perfshapes import resolve_shape
-from ladder_train.paper import INFERENCE_TP8_70B_INFERRED
+from ladder_train.predict.shapes import resolve_shape
 
 # compute seconds per module given directly: embed 1, attention 2, MLP 3, parallel block 4, head 1
 T = {"embed": 1.0, "attention": 2.0, "mlp": 3.0, "parallel": 4.0, "head": 1.0}
@@ -296,9 +296,9 @@ def test_compare_arithmetic(tmp_path):
     rows = [bench_row("standard", 40.0, 1.0, 10.0), bench_row("ladder", 20.0, 2.0, 10.0)]
     path = tmp_path / "bench.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    results, summary = predict.compare(predict.read_bench(str(path)), CPU)
-    shape = predict.shape_from_fields("L2-d256-h4-f512-v512", rows[0]["model_args"], True, "t")
-    from ladder_train.inference.perfmodel import Emulated
+    results, summary = compare.compare(compare.bench_rows(str(path)), CPU)
+    shape = compare.shape_from_fields("L2-d256-h4-f512-v512", rows[0]["model_args"], True, "t")
+    from ladder_train.predict.perfmodel import Emulated
 
     pred = {r["layout"]: r for r in predict_rows(shape, CPU, "gloo", 2, [1], 8, 8, Emulated(6e-3))}
     std, lad = results
@@ -354,7 +354,7 @@ def test_shipped_h100_profile_against_the_paper():
 def test_measured_block_overheads_replace_kernel_counts(tmp_path):
     import dataclasses
 
-    from ladder_train.inference.perfmodel import module_times
+    from ladder_train.predict.perfmodel import module_times
 
     shape = resolve_shape("small")
     ks = module_kernels(shape, CPU, 2, 1, 1, 16)

@@ -4,45 +4,12 @@ import json
 import math
 
 import pytest
+from fabricate import fabricate_run
 from PIL import Image
 
-from ladder_train.cli import report as main
-from ladder_train.config import load_config, save_config
-from ladder_train.inference.link_sweep import predicted_decode_ms
+from ladder_train.bench.link_sweep import predicted_decode_ms
+from ladder_train.cli import ladder_report as main
 from ladder_train.report import write_report
-
-
-def fabricate_run(root, name, residual, base_loss, overrides=()):
-    run = root / name
-    run.mkdir()
-    config = [f"run.name={name}", f"model.residual={residual}", "model.preset=tiny", "data.seq_len=128", *overrides]
-    save_config(load_config(None, config), run / "config.yaml")
-    lines = []
-    for step in range(1, 11):
-        lines.append(
-            {
-                "step": step,
-                "loss": base_loss + 10 - step,
-                "lr": 1e-3 * step / 10,
-                "grad_norm": 1.0,
-                "tokens": 1000 * step,
-                "tokens_per_s": 500.0 + step,
-            }
-        )
-        if step % 5 == 0:
-            lines.append(
-                {
-                    "step": step,
-                    "tokens": 1000 * step,
-                    "val_loss": base_loss + 11 - step,
-                    "val_ppl": math.exp(base_loss + 11 - step),
-                }
-            )
-    (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    (run / "eval").mkdir()
-    summary = {"arc_easy_local": {"acc": 0.30, "acc_norm": 0.25 + base_loss / 100}, "piqa_local": {"acc": 0.55}}
-    (run / "eval" / "step-10.json").write_text(json.dumps({"summary": summary}))
-    return run
 
 
 def fabricate_bench(path):

@@ -89,9 +89,12 @@ def run_tokenizer_config_folder(data_cfg) -> Path | None:
 def tokenizer_config_folder(model: str | Path) -> Path:
     """Where a saved model's tokenizer_config.json is: in its folder, or for a training checkpoint
     (RUN_DIR/checkpoints/step-N) where its run took it from. The model's own folder when there is none."""
+    from ..loading import folder_kind, run_config_path
+
     model = Path(model)
-    run_config = model.resolve().parent.parent / "config.yaml"
-    if not (model / TOKENIZER_CONFIG).is_file() and (model / ".metadata").is_file() and run_config.is_file():
+    run_config = run_config_path(model)
+    checkpoint = folder_kind(model) in ("checkpoint", "incomplete checkpoint")
+    if not (model / TOKENIZER_CONFIG).is_file() and checkpoint and run_config.is_file():
         from ..config import load_config
 
         return run_tokenizer_config_folder(load_config(run_config).data) or model

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import os
 
-from ..config import ConfigError
+from ..errors import InputError
 
 
-class DataError(ConfigError):
+class DataError(InputError):
     """A data source or tokenizer that cannot be used; the message is one line naming the file or key."""
 
 

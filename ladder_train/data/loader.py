@@ -192,10 +192,7 @@ def build_dataloader(
     ``data_cfg.format == "chat"``: the documents are the ``messages`` of each row, rendered with the chat
     template of ``data_cfg.chat_template``, and the labels are -100 except on assistant tokens (conversations.py).
     """
-    if not 0 <= dp_rank < dp_world_size:
-        raise DataError(f"data: dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
-    if batch_size <= 0:
-        raise DataError(f"data: batch_size must be positive, got {batch_size}")
+    _check_request(data_cfg, batch_size, dp_rank, dp_world_size)
     training = split is None or split == data_cfg.split
     split = data_cfg.split if split is None else split
     if source is None:
@@ -203,15 +200,9 @@ def build_dataloader(
     num_workers = data_cfg.num_workers if num_workers is None else num_workers
     cycle = training if cycle is None else cycle
     data_format = getattr(data_cfg, "format", "text")
-    if data_format not in FORMATS:
-        raise DataError(f"data.format: must be one of {', '.join(FORMATS)}, got {data_format!r}")
-    encoder, column = None, data_cfg.text_column
-    if data_format == "chat":
-        if not data_cfg.chat_template:
-            raise DataError("data.chat_template: required with data.format=chat (a model folder whose "
-                            "tokenizer_config.json holds the chat template)")  # fmt: skip
-        encoder = ConversationEncoder(load_template(str(data_cfg.chat_template)), tokenizer, eos_id(tokenizer))
-        column = CHAT_COLUMN
+    encoder, column = (
+        _conversation_encoder(data_cfg, tokenizer) if data_format == "chat" else (None, data_cfg.text_column)
+    )
 
     documents = open_source(str(source), split, column, data_cfg.hub_config, chat=encoder is not None)
     documents = split_dataset_by_node(documents, rank=dp_rank, world_size=dp_world_size)
@@ -233,6 +224,29 @@ def build_dataloader(
         num_workers=num_workers, seed=seed, vocab_size=tokenizer.get_vocab_size(), shuffle_buffer=shuffle_buffer,
         format=data_format,
     )  # fmt: skip
+    return _loader(windows, batch_size, num_workers, fingerprint)
+
+
+def _check_request(data_cfg, batch_size: int, dp_rank: int, dp_world_size: int) -> None:
+    if not 0 <= dp_rank < dp_world_size:
+        raise DataError(f"data: dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
+    if batch_size <= 0:
+        raise DataError(f"data: batch_size must be positive, got {batch_size}")
+    data_format = getattr(data_cfg, "format", "text")
+    if data_format not in FORMATS:
+        raise DataError(f"data.format: must be one of {', '.join(FORMATS)}, got {data_format!r}")
+
+
+def _conversation_encoder(data_cfg, tokenizer: Tokenizer) -> tuple[ConversationEncoder, str]:
+    """data.format=chat: conversations rendered with the model's chat template, read from the messages column."""
+    if not data_cfg.chat_template:
+        raise DataError("data.chat_template: required with data.format=chat (a model folder whose "
+                        "tokenizer_config.json holds the chat template)")  # fmt: skip
+    encoder = ConversationEncoder(load_template(str(data_cfg.chat_template)), tokenizer, eos_id(tokenizer))
+    return encoder, CHAT_COLUMN
+
+
+def _loader(windows: PackedWindows, batch_size: int, num_workers: int, fingerprint: dict) -> PackedDataLoader:
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         return PackedDataLoader(

@@ -123,8 +123,10 @@ def model_tokenizer(model: str | Path, override: str | None = None) -> tuple[Tok
     folder = Path(model)
     if (folder / "tokenizer.json").is_file():
         return load_tokenizer(folder / "tokenizer.json", where=str(folder)), str(folder / "tokenizer.json")
-    run_config = folder.resolve().parent.parent / "config.yaml"
-    if (folder / ".metadata").is_file() and run_config.is_file():  # a DCP checkpoint inside its run
+    from ..loading import folder_kind, run_config_path
+
+    run_config = run_config_path(folder)
+    if folder_kind(folder) in ("checkpoint", "incomplete checkpoint") and run_config.is_file():
         from ..config import load_config
 
         name = load_config(run_config).data.tokenizer

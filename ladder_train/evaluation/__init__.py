@@ -5,9 +5,9 @@ point and held-out perplexity.
 """
 
 from .adapter import EvalError, LadderLM
+from .harness import evaluate
 from .perplexity import held_out_batches, perplexity, validation_loss
 from .results import format_table, wandb_summary
-from .run import evaluate
 from .task_registry import LOCAL_TASKS, PAPER_TASKS
 
 __all__ = [

@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from ..data.errors import DataError
-from ..data.packing import PackedWindows, collate_windows
+from ..data.packing import IGNORE_INDEX, PackedWindows, collate_windows
 from ..data.tokenizer import eos_id
 from .adapter import EvalError
 
-IGNORE_INDEX = -100  # labels with this value are not scored (torch's cross_entropy convention)
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}
 
 

@@ -12,7 +12,8 @@ step; the prefill has one graph per prompt shape. Each Generator's graphs are sp
 communicator (dynamo guards on them): the benchmark raises dynamo's recompile limit to its number of
 (model, communicator, batch size) cases and counts the compilations.
 
-The end of this file is the ``ladder-generate`` command (``run``), also what torchrun launches with ``-m``.
+The end of this file completes one prompt with a saved model: what ``ladder-generate`` runs (its flags:
+``cli/generate.py``; ``python -m ladder_train.inference`` is the command, what torchrun launches with ``-m``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ..dtypes import resolve_dtype
+from ..errors import InputError
 from ..model import Transformer
-from ..model.tp_plan import check_tp_degree
+from ..model.tp_sharding import check_tp_degree
 
 
 def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> torch.Tensor:
@@ -157,39 +160,10 @@ class Generator:
 
 # ``ladder-generate``: one prompt, one completion ------------------------------------------------------------
 
-DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama
-folder or export (tokenizer: its tokenizer.json) or a training checkpoint RUN_DIR/checkpoints/step-N (tokenizer: the
-run's data.tokenizer; tokenizer_config.json, with the chat template: the one beside the run's data.tokenizer or in
-data.chat_template). Generation stops at the end-of-sequence token: the eos_token of tokenizer_config.json, else
-eos_token_id of MODEL/generation_config.json, else of MODEL/config.json, else <|endoftext|>; or after
---max-new-tokens. Tensor parallel: torchrun --nproc-per-node N -m ladder_train.inference.generate MODEL ...
-(each rank loads only its shard; rank 0 prints)."""
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def _parser():
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="ladder-generate", description=DESCRIPTION)
-    parser.add_argument("model", help="a Hugging Face Llama folder, an export or RUN_DIR/checkpoints/step-N")
-    parser.add_argument("--prompt", required=True, help="the text to complete")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy; above 0: sample")
-    parser.add_argument("--top-k", type=int, help="with --temperature > 0: sample among the K most likely tokens")
-    parser.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default 0)")
-    parser.add_argument(
-        "--chat", action="store_true", help="wrap the prompt as one user message in MODEL's chat template"
-    )
-    parser.add_argument("--tokenizer", help="tokenizer.json path or hub name (default: MODEL's, see above)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
-    return parser
-
 
 def _read_json(path):
     """A folder's optional JSON file: {} when absent."""
     import json
-
-    from ..errors import InputError
 
     if not path.is_file():
         return {}
@@ -200,10 +174,10 @@ def _read_json(path):
 
 
 def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
-    """The end-of-sequence ids generation stops at and where they were found (see DESCRIPTION for the order).
+    """The end-of-sequence ids generation stops at and where they were found: the eos_token of
+    tokenizer_config.json, else eos_token_id of generation_config.json, else of config.json, else <|endoftext|>.
     An id list (Llama 3's generation_config.json has several) stops at any of them."""
     from ..data.chat import TOKENIZER_CONFIG, _token_text, tokenizer_config_folder
-    from ..errors import InputError
 
     eos_text = _token_text(_read_json(tokenizer_config_folder(folder) / TOKENIZER_CONFIG).get("eos_token"))
     if eos_text:
@@ -225,8 +199,6 @@ def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
 
 def encode_prompt(args, source, tokenizer) -> list[int]:
     """The prompt's token ids, checked against the model's context before anything is loaded."""
-    from ..errors import InputError
-
     text = args.prompt
     if args.chat:
         from ..data.chat import load_chat_template, tokenizer_config_folder
@@ -255,7 +227,6 @@ def prepare(args, world: int):
     """Every check of the input, before any weights are read: the source, its tokenizer and stop tokens, the
     chat template, the prompt's length and the TP degree. Raises InputError (one line)."""
     from ..data.tokenizer import model_tokenizer
-    from ..errors import InputError
     from ..loading import resolve_source
 
     if args.max_new_tokens < 1:
@@ -289,41 +260,33 @@ def completion_text(tokenizer, prompt: list[int], new: list[int], stop: list[int
     return full[len(head) :] if full.startswith(head) else tokenizer.decode(new[:cut], skip_special_tokens=False)
 
 
-def run(argv: list[str]) -> int:
-    """``ladder-generate``; one rank of it under torchrun."""
+def complete(args) -> int:
+    """One completion of ``args.prompt`` (``cli/generate.py``'s flags), printed by rank 0; one rank of it under
+    torchrun, each loading only its shard."""
     import os
     import sys
     import time
 
-    from ..errors import InputError
     from ..loading import load_tp_model
+    from ..parallel import init_distributed
     from .tp import TPCommunicator, comm_mode_for
 
-    args = _parser().parse_args(argv)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     try:
         source, tokenizer, prompt, stop, stop_name = prepare(args, world)
     except InputError as err:
         err.quiet = rank != 0  # every rank found the same bad input: one line, from rank 0
         raise
-    cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
-    dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
-    group = None
-    if world > 1:
-        if cuda:
-            torch.cuda.set_device(device)
-        dist.init_process_group(
-            "nccl" if cuda else "gloo", rank=rank, world_size=world, device_id=device if cuda else None
-        )
-        group = dist.group.WORLD
+    env = init_distributed(group_of_one=False)
+    dtype = resolve_dtype(args.dtype or "auto", env.device)
+    group = dist.group.WORLD if world > 1 else None
     try:
-        model = load_tp_model(source.path, rank, world, device, dtype, group=group)
+        model = load_tp_model(source.path, rank, world, env.device, dtype, group=group)
         if group is not None:  # the ladder's all-reduces overlap the next module, as in the benchmark
             model.set_communicator(TPCommunicator(comm_mode_for(model.args.residual), group))
         start = time.perf_counter()
         new = Generator(model, group).generate(
-            torch.tensor([prompt], device=device), args.max_new_tokens, args.temperature, args.top_k, args.seed,
+            torch.tensor([prompt], device=env.device), args.max_new_tokens, args.temperature, args.top_k, args.seed,
             stop_tokens=stop,
         )[0].tolist()  # fmt: skip
         seconds = time.perf_counter() - start
@@ -335,11 +298,3 @@ def run(argv: list[str]) -> int:
         ended = f"stopped at {stop_name}" if new[-1] in stop else f"--max-new-tokens {args.max_new_tokens} reached"
         print(f"ladder-generate: {len(new)} new tokens in {seconds:.1f} s at TP {world}; {ended}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    from ..cli import generate
-
-    sys.exit(generate())

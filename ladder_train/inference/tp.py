@@ -1,4 +1,4 @@
-"""Tensor parallelism for inference: the reduce hook. The sharding plan is model/tp_plan.py; each rank loads
+"""Tensor parallelism for inference: the reduce hook. The sharding plan is model/tp_sharding.py; each rank loads
 only its shard through ``loading.load_tp_model``.
 
 The reduce hook, :class:`TPCommunicator`, turns those partial sums into full sums through functional

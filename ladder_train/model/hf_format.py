@@ -42,6 +42,15 @@ _TOP_NAMES = {
     "norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",  # untied heads only
 }
+# config.json key -> ModelArgs field, for the sizes every Llama config.json states (num_key_value_heads optional)
+HF_SIZE_KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "intermediate_size": "ffn_dim",
+}
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 _HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
@@ -147,13 +156,10 @@ def args_from_hf_config(config: dict) -> ModelArgs:
     missing required one)."""
     _refuse_unsupported(config)
     theta, scaling = _rope(config)
+    sizes = {ours: config[theirs] for theirs, ours in HF_SIZE_KEYS.items() if theirs != "num_key_value_heads"}
     return ModelArgs(
-        vocab_size=config["vocab_size"],
-        dim=config["hidden_size"],
-        n_layers=config["num_hidden_layers"],
-        n_heads=config["num_attention_heads"],
+        **sizes,
         n_kv_heads=config.get("num_key_value_heads"),
-        ffn_dim=config["intermediate_size"],
         max_seq_len=config.get("max_position_embeddings", 2048),
         rope_theta=theta,
         norm_eps=config.get("rms_norm_eps", 1e-5),

@@ -275,7 +275,7 @@ class Transformer(nn.Module):
         for layer in self.layers:
             layer.comm = comm
 
-    def init_std(self, param_name: str) -> float | None:
+    def param_init_std(self, param_name: str) -> float | None:
         """The init of a parameter by name: N(0, init_std), N(0, init_std / sqrt(2L)) for the two output
         projections of each block, None for norm weights (ones). Works on wrapped names too."""
         if param_name.endswith("norm.weight"):
@@ -297,7 +297,7 @@ class Transformer(nn.Module):
         fully initialised by this call. Sharded models use ``ladder_train.parallel.init_sharded_weights``."""
         self.init_rope()
         for name, param in self.named_parameters():
-            std = self.init_std(name)
+            std = self.param_init_std(name)
             if std is None:
                 nn.init.ones_(param)
             else:

@@ -13,6 +13,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..config import ParallelConfig
+from ..dtypes import resolve_dtype  # noqa: F401  (re-exported: the parallel package's dtype rule)
 from ..model import Transformer
 
 
@@ -57,15 +58,6 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param
     return model
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """bf16 compute on GPUs, fp32 on the CPU unless the recipe insists: CPU bf16 speed depends on the chip's
-    bf16 instructions (1.4x faster than fp32 on an AVX512-BF16 EPYC, docs/benchmarks.md), and the tests and
-    demo compare against fp32 references."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
-
-
 @torch.no_grad()
 def init_sharded_weights(model: Transformer, seed: int) -> None:
     """Draw every parameter in full from one seeded generator (the same on every rank, in
@@ -76,7 +68,7 @@ def init_sharded_weights(model: Transformer, seed: int) -> None:
     generator = torch.Generator(device=device).manual_seed(seed)
     for name, param in model.named_parameters():
         full = torch.empty(param.shape, dtype=param.dtype, device=device)
-        std = model.init_std(name)
+        std = model.param_init_std(name)
         if std is None:
             full.fill_(1.0)
         else:

@@ -1,5 +1,5 @@
 """Process group and device mesh: one process or many (torchrun/srun), HSDP, FSDP or plain data parallel; and
-how the global batch splits over the data-parallel ranks (``BatchPlan``), which the trainer and the dry run share."""
+how the global batch splits over the data-parallel ranks (``BatchSplit``), which the trainer and the dry run share."""
 
 from __future__ import annotations
 
@@ -39,31 +39,47 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(timeout_s: float | None = None) -> Dist:
+def init_distributed(
+    timeout_s: float | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    cpu: bool = False,
+    group_of_one: bool = True,
+) -> Dist:
     """Join the process group torchrun set up, or make a group of one, so a single process runs the
     same sharded code path. NCCL with one GPU per process when CUDA is available, gloo on the CPU.
+    The one place a process group is created (train/dry_run.py's fake dry-run group aside).
 
     ``timeout_s`` (``parallel.timeout_s``; None = its default) bounds the rendezvous and every collective
-    of the default group, stated rather than left to the backend's default (10 min for NCCL)."""
+    of the default group, stated rather than left to the backend's default (10 min for NCCL).
+    ``rank`` and ``world_size``: the place a launcher gave this process (MASTER_ADDR and MASTER_PORT in the
+    environment) instead of torchrun's variables. ``cpu``: gloo on the CPU even where CUDA is available.
+    ``group_of_one=False``: a single process creates no group and leaves the environment alone (inference
+    without tensor parallelism runs no collective)."""
     global _timeout
     if timeout_s is None:
         timeout_s = ParallelConfig.timeout_s
     _timeout = timedelta(seconds=timeout_s)
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if torch.cuda.is_available():
+    if rank is not None:
+        world_size = world_size or 1
+        local_rank, local_world_size = rank, world_size
+    else:
+        if "RANK" not in os.environ and group_of_one:
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
+        rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if torch.cuda.is_available() and not cpu:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    if not dist.is_initialized():
+    if not dist.is_initialized() and (group_of_one or world_size > 1):
         dist.init_process_group(
             backend,
             rank=rank,
@@ -94,8 +110,10 @@ def build_mesh(device_type: str, replicate: int, shard: int) -> DeviceMesh:
     (replicate = 1) or plain data parallel (shard = 1), with the same code."""
     names = ("dp_replicate", "dp_shard")
     override = None
-    if _timeout is not None:  # subgroups would otherwise get the backend's default timeout, not parallel.timeout_s
-        backend = dist.get_backend()
+    backend = dist.get_backend()
+    # subgroups would otherwise get the backend's default timeout, not parallel.timeout_s (the dry run's fake
+    # group has no timeout to pass on)
+    if _timeout is not None and backend in ("nccl", "gloo"):
         options = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
         options._timeout = _timeout
         override = {name: (backend, options) for name in names}
@@ -103,7 +121,7 @@ def build_mesh(device_type: str, replicate: int, shard: int) -> DeviceMesh:
 
 
 @dataclass
-class BatchPlan:
+class BatchSplit:
     """How the global batch splits: over data-parallel ranks, then into micro-batches."""
 
     global_batch: int

@@ -73,18 +73,24 @@ class Study:
         run_dir = point.run_dir(self.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "ladder_train.train", "--config", self.recipe, *point.run_overrides(self.dir)]
-        env = {**os.environ, "WANDB_RUN_GROUP": os.environ.get("WANDB_RUN_GROUP", self.dir.name)}
-        with open(run_dir / "train.log", "a") as log:
-            child = subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=_die_with_parent
-            )
-            try:
-                for line in child.stdout:
-                    sys.stdout.write(line)
-                    log.write(line)
-                code = child.wait()
-            except KeyboardInterrupt:  # Ctrl-C reached the child too (same process group): let it checkpoint
-                code = child.wait()
+        # unbuffered: the log keeps every line up to a kill; wandb groups the study's runs
+        group = os.environ.get("WANDB_RUN_GROUP", self.dir.name)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_RUN_GROUP": group}
+        # the trainer writes its own log (it outlives a killed study long enough to save); the study echoes it
+        log_path = run_dir / "train.log"
+        with open(log_path, "a") as log, open(log_path) as echo:
+            echo.seek(0, os.SEEK_END)
+            child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+            code = None
+            while code is None:
+                try:
+                    code = child.wait(timeout=0.5)
+                except subprocess.TimeoutExpired:
+                    pass
+                except KeyboardInterrupt:  # Ctrl-C reached the trainer too (one process group): let it save
+                    code = child.wait()
+                sys.stdout.write(echo.read())
+                sys.stdout.flush()
         if code == 75 or code == -signal.SIGTERM:
             raise Preempted(
                 f"point {point.index} ({point.name}) stopped with a checkpoint; run the study again to go on"

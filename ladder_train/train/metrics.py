@@ -13,18 +13,19 @@ import torch
 
 from ..config import Config, to_dict
 
-# dense bf16 tensor-core peak, FLOP/s (vendor datasheets; SXM parts)
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
-
 
 def device_peak_flops(device: torch.device) -> float | None:
-    """The device's bf16 peak for MFU, or None (CPU, unknown GPU): MFU is then reported as null."""
+    """The device's bf16 peak for MFU, or None (CPU, unknown GPU): MFU is then reported as null. The peaks are
+    those of the shipped hardware profiles (``predict/hardware.yaml``: dense tensor-core peak, vendor datasheets),
+    matched by profile name in the device's name (``h100`` in "NVIDIA H100 80GB HBM3")."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, flops in PEAK_BF16_FLOPS.items():
-        if key in name:
-            return flops
+    from ..predict.hardware import load_profiles
+
+    name = torch.cuda.get_device_name(device).upper()
+    for profile in load_profiles().values():
+        if profile.name.upper() in name and profile.dtype_bytes == 2:
+            return profile.peak_flops
     return None
 
 

@@ -20,22 +20,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from ..checkpoint import Checkpointer, RunDirLocked, lock_run_dir
+from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
+from ..data.packing import IGNORE_INDEX
 from ..errors import EXIT_REQUEUE, Preempted, RunFailed
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
-from ..parallel import BatchPlan, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
+from ..parallel import BatchSplit, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
+from .run_lock import RunDirLocked, lock_run_dir
 
 
 class NonFiniteLossError(RunFailed):
     """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
-
-
-IGNORE_INDEX = -100  # a label that is not scored (chat data's context tokens); cross_entropy's default
 
 
 class Trainer:
@@ -51,8 +50,10 @@ class Trainer:
         self._lock = self._lock_run_dir()  # before anything is read or written
         replicate, shard = resolve_degrees(cfg.parallel, env.world_size, env.local_world_size)
         self.replicate = replicate
-        self.plan = BatchPlan(cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len)
-        self.plan.check()
+        self.batch = BatchSplit(
+            cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len
+        )
+        self.batch.check()
         self.model_args = model_args(cfg.model)
         # the weights a new run starts from are checked against the recipe before any data or model is built
         init_from = cfg.checkpoint.init_from
@@ -70,7 +71,7 @@ class Trainer:
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
 
-        self.warmup, self.total_steps = resolve_schedule_steps(cfg.train.schedule, self.plan.tokens_per_step)
+        self.warmup, self.total_steps = resolve_schedule_steps(cfg.train.schedule, self.batch.tokens_per_step)
         self.max_steps = cfg.train.max_steps or self.total_steps
         self.optimizer = build_optimizer(self.model, cfg.train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.warmup, self.total_steps, cfg.train.schedule.min_lr_ratio)
@@ -85,7 +86,7 @@ class Trainer:
             env.device,
         )
         self.checkpointer = Checkpointer(cfg.checkpoint, self.run_dir, env.rank, env.world_size)
-        self.evaluator = Evaluator(cfg, env, self.run_dir, self.model_args, self.plan.micro_batch, self.tokenizer)
+        self.evaluator = Evaluator(cfg, env, self.run_dir, self.model_args, self.batch.micro_batch, self.tokenizer)
         self._preempt_signal: int | None = None
         self._preempt_all = False
         self._resume()
@@ -180,7 +181,7 @@ class Trainer:
         return build_dataloader(
             self.cfg.data,
             tokenizer=self.tokenizer,
-            batch_size=self.plan.micro_batch,
+            batch_size=self.batch.micro_batch,
             dp_rank=self.env.rank,
             dp_world_size=self.env.world_size,
             seed=self.cfg.run.seed,
@@ -195,8 +196,8 @@ class Trainer:
         scores only the labels that are not -100: the step's micro-batches are fetched first and the divisor is
         their number over the global batch (one small all-reduce) / the world size, so the step minimises the
         mean over the global batch's scored tokens."""
-        model, plan = self.model, self.plan
-        tokens_per_rank = plan.per_rank * plan.seq_len
+        model, split = self.model, self.batch
+        tokens_per_rank = split.per_rank * split.seq_len
         loss_sum = torch.zeros((), device=self.env.device)
         data_wait = 0.0
         step_batches = None
@@ -204,8 +205,8 @@ class Trainer:
             waited = time.perf_counter()
             step_batches, tokens_per_rank = self._scored_micro_batches()
             data_wait += time.perf_counter() - waited
-        for micro in range(plan.accumulation):
-            last = micro == plan.accumulation - 1
+        for micro in range(split.accumulation):
+            last = micro == split.accumulation - 1
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
                 model.set_requires_all_reduce(last)
             waited = time.perf_counter()
@@ -247,7 +248,7 @@ class Trainer:
         nothing: its loss is 0 (divisor 1), not 0/0."""
         if self._batches is None:  # created after a resume restored the loader's position
             self._batches = iter(self.loader)
-        batches = [next(self._batches) for _ in range(self.plan.accumulation)]
+        batches = [next(self._batches) for _ in range(self.batch.accumulation)]
         scored = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
         total = torch.tensor(scored, dtype=torch.int64, device=self.env.device)
         dist.all_reduce(total)
@@ -301,10 +302,10 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         result = self.train_step()
         self.step += 1
-        self.tokens_seen += self.plan.tokens_per_step
+        self.tokens_seen += self.batch.tokens_per_step
         if not result["finite"]:
             self._handle_nonfinite(result)
-        self.meter.add(self.plan.tokens_per_step, result["data_wait_s"])
+        self.meter.add(self.batch.tokens_per_step, result["data_wait_s"])
         record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"]}
         if logger.should_log(self.step, last=self.step == self.max_steps):
             record.update(tokens=self.tokens_seen, **self.meter.read(time.perf_counter() - step_start))
@@ -318,8 +319,8 @@ class Trainer:
             print(to_yaml(cfg), end="")
             print(
                 f"mesh {tuple(self.mesh.shape)} (dp_replicate, dp_shard) | {env.world_size} processes on {env.device.type}"
-                f" | {self.compute_dtype} | global batch {self.plan.global_batch} = {self.plan.dp_world} ranks x "
-                f"{self.plan.accumulation} micro-batches x {self.plan.micro_batch} | warmup {self.warmup}, "
+                f" | {self.compute_dtype} | global batch {self.batch.global_batch} = {self.batch.dp_world} ranks x "
+                f"{self.batch.accumulation} micro-batches x {self.batch.micro_batch} | warmup {self.warmup}, "
                 f"total {self.total_steps}, running {self.max_steps} steps",
                 flush=True,
             )

@@ -1,0 +1,7 @@
+"""``python -m ladder_train.bench`` is ``ladder-bench`` (what torchrun launches with ``-m``)."""
+
+import sys
+
+from ..cli import ladder_bench
+
+sys.exit(ladder_bench())

@@ -1,0 +1,125 @@
+"""ladder-bench's results: the JSON lines file they are appended to and read back from (``read_bench``, for
+ladder-report and ladder-predict --compare), the derived figures (speedups over standard: end-to-end, the
+paper's, and of the decode step; the no-communication ceiling, the communication share and the overlap
+efficiency) and the console table."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from ..errors import InputError
+
+
+def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
+    """The ladder-bench rows of a JSON lines file, each with ``_where`` (``FILE:LINE``) for messages. A missing
+    file, a line that is not JSON or a row without one of the keys ``need`` is an InputError of one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"benchmark results {path}: no such file")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+        missing = [key for key in need if key not in row]
+        if missing:
+            raise InputError(f"{path}:{number}: missing key {missing[0]!r} (not a ladder-bench row?)")
+        row["_where"] = f"{path}:{number}"
+        rows.append(row)
+    return rows
+
+
+def write_rows(rows: list[dict], path: str | Path) -> None:
+    """Append ``rows`` to a JSON lines file."""
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def derive(rows: list[dict]) -> None:
+    """Speedups against the standard row of the same model shape and batch size, the ceiling, the
+    communication share and the overlap efficiency (decode step), added to each row in place."""
+    standard = {(r["shape"], r["batch"]): r for r in rows if r["layout"] == "standard"}
+    for row in rows:
+        ref = standard.get((row["shape"], row["batch"]))
+        if ref is None:
+            continue
+        t_std, t = ref["decode_ms_per_token"], row["decode_ms_per_token"]
+        row["speedup_vs_standard"] = row["tokens_per_s"] / ref["tokens_per_s"]
+        row["decode_speedup_vs_standard"] = t_std / t
+        if "none" in row and "none" in ref:
+            t_none_std, t_none = ref["none"]["decode_ms_per_token"], row["none"]["decode_ms_per_token"]
+            row["ceiling_decode_speedup_vs_standard"] = t_std / t_none
+            row["comm_share"] = 1 - t_none_std / t_std
+            saveable = min(t_std - t_none_std, t_none_std)
+            if row["layout"] != "standard" and saveable > 0:
+                row["overlap_efficiency"] = (t_std - t) / saveable
+
+
+def latency_note(link_latency_ms: float, module_ms: dict) -> str:
+    """How the emulated latency X compares with one module's decode compute c, which decides what overlap
+    can hide: below it, each all-reduce can vanish behind the next module; above it, the serialised link
+    is the bottleneck (busy X per all-reduce, back to back), so the ladder's decode speedup is bounded
+    near (c + X) / X = 1 + c / X."""
+    shortest = min(module_ms.values())
+    ratio = link_latency_ms / shortest
+    times = ", ".join(f"{k} {v:.2f} ms" for k, v in module_ms.items())
+    if ratio <= 1:
+        return f"Emulated X = {link_latency_ms:g} ms is {ratio:.2f}x the shorter module's decode compute ({times}): overlap can hide it all"
+    bound = 1 + statistics.mean(module_ms.values()) / link_latency_ms
+    return (
+        f"Emulated X = {link_latency_ms:g} ms is {ratio:.1f}x the shorter module's decode compute ({times}): "
+        f"the serialised link is the bottleneck, so the ladder's decode speedup is bounded near 1 + c/X = {bound:.2f}x"
+    )
+
+
+def print_table(rows: list[dict], env: dict):
+    emulated = env["emulated_link_latency_ms"]
+    bandwidth = env.get("link_bandwidth_gbs")
+    print(
+        f"\nladder-bench: {env['device']}, TP={env['tp']}, {env['backend']}, {env['dtype']}, "
+        f"torch {env['torch']}, compiled={env['compiled']}"
+        + (f" ({env['compile_backend']}, {env['compilations']} compilations)" if env["compiled"] else "")
+        + (
+            f", EMULATED serialised link: {emulated} ms per all-reduce"
+            + (f" + bytes / {bandwidth} GB/s" if bandwidth else "")
+            + " (an emulation, not real hardware)"
+            if env["link"].startswith("emulated")
+            else ""
+        )
+    )
+    head = (
+        f"{'model':<14}{'layout':<10}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'tok/s':>10}"
+        f"{'speedup':>9}{'decode':>8}{'no-comm ms/tok':>16}{'ceiling':>9}{'comm share':>12}{'overlap eff':>13}"
+    )
+    print(head + "\n" + "-" * len(head))
+
+    def fmt(value, spec, width):
+        return format(value, f">{width}{spec}") if value is not None else "-".rjust(width)
+
+    for r in rows:
+        none = r.get("none", {})
+        print(
+            f"{r['model'][-14:]:<14}{r['layout']:<10}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms_per_token']:>15.3f}"
+            f"{r['tokens_per_s']:>10.1f}{fmt(r.get('speedup_vs_standard'), '.2f', 8)}x"
+            f"{fmt(r.get('decode_speedup_vs_standard'), '.2f', 7)}x"
+            f"{fmt(none.get('decode_ms_per_token'), '.3f', 16)}{fmt(r.get('ceiling_decode_speedup_vs_standard'), '.2f', 8)}x"
+            f"{fmt(r.get('comm_share'), '.1%', 12)}{fmt(r.get('overlap_efficiency'), '.1%', 13)}"
+        )
+    modules = {r["model"]: r["module_ms"] for r in rows if r["layout"] == "standard" and "module_ms" in r}
+    for model, times in modules.items():
+        print(
+            f"{model}: measured decode compute per module on one rank (layer 0, batch {rows[0]['batch']}): "
+            + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items())
+        )
+        if emulated:
+            print(f"{model}: {latency_note(emulated, times)}")
+    print(
+        "speedup: end-to-end tokens/s (prefill included, the paper's definition) over standard's; decode, ceiling: "
+        "decode ms/tok of standard / of this row; overlap eff (decode) = (t_std - t) / min(t_std - t_none, t_none)"
+    )

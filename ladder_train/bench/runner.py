@@ -1,0 +1,352 @@
+"""The speed benchmark behind ``ladder-bench``: tokens/s of the standard, parallel and ladder layouts under
+tensor parallelism (its flags: ``cli/bench.py``).
+
+    ladder-bench --model 1.2B --tp 2 --layouts standard,parallel,ladder --batch-sizes 1,4,16,64
+    torchrun --nproc-per-node 8 -m ladder_train.bench --model 3.5B-32h --out results.jsonl
+
+Without torchrun, ``--tp N`` spawns its N ranks itself (gloo on the CPU, one thread each). For every
+layout and batch size it measures a greedy generation (prefill + decode) with the real all-reduces and
+again with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports
+medians over the measured runs: the speedup over standard in the paper's terms (end-to-end tokens/s,
+batch x new tokens / wall time, prefill included) and, beside it, the decode-step speedup; the
+communication share 1 - t(none)/t(standard) and the overlap efficiency
+(t(standard) - t(layout)) / min(t(standard) - t(none), t(none)) of the decode step (docs/benchmarks.md).
+
+``--link-latency-ms X [--link-bandwidth-gbs B]`` emulates a slow interconnect as one serialised link per
+TP group, as one NCCL stream is: an all-reduce issued at t starts at max(t, end of the previous one) and
+occupies the link X ms + bytes / B; its wait returns no earlier than that end. Eager runs only (host
+sleeps), so it needs ``--compile off``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import verify_checkpoint
+from ..dtypes import resolve_dtype
+from ..errors import InputError
+from ..inference.generate import Generator
+from ..inference.tp import TPCommunicator, comm_mode_for, make_communicator
+from ..loading import load_tp_model, resolve_source
+from ..model import RESIDUAL_LAYOUTS, ModelArgs
+from ..model.tp_sharding import check_tp_degree
+from ..parallel import free_port, init_distributed
+from .results import derive, print_table, write_rows
+
+RECORDED_ENV = (
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_NVLS_ENABLE",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def measurements(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
+    """The (model source, layout) pairs to measure; validates everything before any process starts.
+
+    ``opts`` are ``cli/bench.py``'s flags, parsed: ``models`` and ``layouts`` lists of names,
+    ``batch_sizes`` positive integers, ``overrides`` the ModelArgs fields of ``--set``."""
+    layouts = opts.layouts
+    bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
+    if bad or not layouts:
+        raise InputError(f"--layouts {','.join(layouts)!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
+    if opts.gen_len < 2 or opts.prompt_len < 1 or opts.runs < 1 or opts.warmup < 0:
+        raise InputError("need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
+    if opts.link_latency_ms < 0 or (opts.link_bandwidth_gbs is not None and opts.link_bandwidth_gbs <= 0):
+        raise InputError("--link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
+    if opts.compile == "on" and emulated_link(opts):
+        raise InputError("the emulated link sleeps on the host and needs --compile off")
+    if opts.compile == "on" and opts.warmup < 1:
+        raise InputError("--compile on needs --warmup >= 1 (the first run compiles)")
+    pairs = []
+    for source in opts.models:
+        try:
+            found = resolve_source(source, **(opts.overrides if not _is_saved_model(source) else {}))
+            args, kind = found.args, found.kind
+            check_tp_degree(args, tp, source)
+            if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
+                verify_checkpoint(Path(source), no_dist=True)
+        except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
+            raise InputError(str(err)) from None
+        if opts.prompt_len + opts.gen_len > args.max_seq_len:
+            raise InputError(f"{source}: --prompt-len + --gen-len exceed max_seq_len={args.max_seq_len}")
+        pairs += [(source, layout) for layout in layouts] if kind == "preset" else [(source, args.residual)]
+    return pairs
+
+
+def emulated_link(opts: argparse.Namespace) -> bool:
+    return bool(opts.link_latency_ms or opts.link_bandwidth_gbs)
+
+
+def _is_saved_model(source: str) -> bool:
+    return os.path.isdir(source)
+
+
+def environment(device: torch.device, tp: int, opts: argparse.Namespace, compiled: bool, dtype) -> dict:
+    nccl = None
+    if device.type == "cuda":
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "nccl": nccl,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "env": {k: os.environ[k] for k in RECORDED_ENV if k in os.environ},
+        "tp": tp,
+        "dtype": str(dtype).removeprefix("torch."),
+        "compiled": compiled,
+        "compile_backend": opts.compile_backend if compiled else None,
+        "emulated_link_latency_ms": opts.link_latency_ms,
+        "link_bandwidth_gbs": opts.link_bandwidth_gbs,
+        "link": "emulated serialised" if emulated_link(opts) else ("gloo" if device.type == "cpu" else "nccl"),
+        "date": datetime.date.today().isoformat(),
+    }
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_generation(
+    gen: Generator, prompt: torch.Tensor, gen_len: int, group
+) -> tuple[tuple[float, float, float], torch.Tensor]:
+    """One greedy generation: (seconds of prefill, seconds per decode step, total seconds) and the tokens.
+    The cache is released afterwards, so models measured in turn never hold their caches at once."""
+    device = prompt.device
+    marks = {}
+
+    def prefill_done():
+        _sync(device)
+        marks["prefill"] = time.perf_counter()
+
+    if group is not None:
+        dist.barrier(group)
+    _sync(device)
+    start = time.perf_counter()
+    tokens = gen.generate(prompt, gen_len, on_prefill_done=prefill_done)
+    _sync(device)
+    end = time.perf_counter()
+    gen.release()
+    if tokens.shape != (prompt.shape[0], gen_len):  # the work that was timed was really done
+        raise RuntimeError(
+            f"ladder-bench: generated {tuple(tokens.shape)} tokens, expected {(prompt.shape[0], gen_len)}"
+        )
+    # token 1 comes from the prefill
+    return (marks["prefill"] - start, (end - marks["prefill"]) / (gen_len - 1), end - start), tokens
+
+
+def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: int) -> dict:
+    prefill, decode, total = zip(*samples, strict=True)
+    return {
+        "prefill_ms": 1e3 * statistics.median(prefill),
+        "decode_ms_per_token": 1e3 * statistics.median(decode),
+        "tokens_per_s": batch * gen_len / statistics.median(total),
+    }
+
+
+def _kernel_ms(fn, device: torch.device, reps: int) -> float:
+    """Median milliseconds of ``fn`` after 2 warm-up calls: CUDA events on a GPU (the kernels' own time on
+    the stream, not the host's launch time), host timers on the CPU, where the work is synchronous."""
+    samples = []
+    for _ in range(reps + 2):
+        if device.type == "cuda":
+            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            finish.record()
+            finish.synchronize()
+            samples.append(begin.elapsed_time(finish))
+        else:
+            start = time.perf_counter()
+            fn()
+            samples.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(samples[2:])
+
+
+@torch.no_grad()
+def module_times_ms(model, batch: int, pos: int, device, dtype, reps: int = 20) -> dict:
+    """One decode step's compute for the attention and the MLP of layer 0 on this rank (no communication)."""
+    layer = model.layers[0]
+    model.setup_kv_cache(batch, pos + 1)  # attention reads a cache of ``pos`` keys, as in a decode step
+    x = torch.randn(batch, 1, model.args.dim, device=device, dtype=dtype)
+    cos, sin = model.rope_cos[pos : pos + 1], model.rope_sin[pos : pos + 1]
+    out = {
+        "attention": _kernel_ms(lambda: layer.attention(x, cos, sin, pos), device, reps),
+        "mlp": _kernel_ms(lambda: layer.mlp(x), device, reps),
+    }
+    model.clear_kv_cache()
+    return out
+
+
+def run_rank(opts: argparse.Namespace):
+    """One TP rank (the whole benchmark when TP = 1). Rank 0 prints and writes the results."""
+    env = init_distributed(group_of_one=False)
+    if env.device.type == "cpu":
+        torch.set_num_threads(1 if env.world_size > 1 else torch.get_num_threads())
+    dtype = resolve_dtype("auto", env.device)
+    cuda = env.device.type == "cuda"
+    compiled = opts.compile == "on" or (opts.compile == "auto" and cuda and not emulated_link(opts))
+    group = dist.group.WORLD if env.world_size > 1 else None
+    info = environment(env.device, env.world_size, opts, compiled, dtype)
+    try:
+        entries = load_entries(opts, env.rank, env.world_size, env.device, dtype, group, compiled)
+        if compiled:
+            cases = sum(len(comms) for *_, comms in entries) * len(opts.batch_sizes)
+            allow_recompiles(cases)
+            compiled_before = compilations()
+        rows = []
+        for batch in opts.batch_sizes:
+            samples = measure_batch(opts, entries, batch, env.device, group)
+            rows += [{**row, **info} for row in batch_rows(opts, entries, batch, samples, env.device, dtype)]
+        if compiled:
+            # prefill + decode graph per (model, communicator, batch size); more would be a recompile per step
+            info["compilations"] = compilations() - compiled_before
+            if info["compilations"] > 2 * cases:
+                raise RuntimeError(f"ladder-bench: {info['compilations']} compilations for {cases} cases: recompiling")
+            rows = [{**row, "compilations": info["compilations"]} for row in rows]
+        if env.rank == 0:
+            derive(rows)
+            print_table(rows, info)
+            if opts.out:
+                write_rows(rows, opts.out)
+                print(f"results appended to {opts.out}")
+    finally:
+        if group is not None:
+            dist.destroy_process_group()
+
+
+def load_entries(opts: argparse.Namespace, rank: int, world: int, device, dtype, group, compiled: bool) -> list:
+    """One sharded model per (source, layout), with its Generator and communicators (``real``, and ``none``
+    for the ceiling unless ``--no-ceiling``), measured in turn."""
+    entries = []
+    for source, layout in measurements(opts, world):
+        preset_overrides = {} if _is_saved_model(source) else {**opts.overrides, "residual": layout}
+        model = load_tp_model(source, rank, world, device, dtype, seed=opts.seed, **preset_overrides)
+        comms = {"real": None}
+        if group is not None:
+            link = (opts.link_latency_ms, opts.link_bandwidth_gbs)
+            comms["real"] = make_communicator(comm_mode_for(layout), group, *link)
+            if not opts.no_ceiling:
+                comms["none"] = TPCommunicator("none", group)
+        gen = Generator(model, group, compile=compiled, backend=opts.compile_backend)
+        entries.append((source, layout, model, gen, comms))
+    return entries
+
+
+def measure_batch(opts: argparse.Namespace, entries: list, batch: int, device, group) -> dict:
+    """The timed generations of one batch size: (entry index, comm name) -> samples of the measured runs."""
+    torch.manual_seed(opts.seed)
+    prompt = torch.randint(0, entries[0][2].args.vocab_size, (batch, opts.prompt_len), device=device)
+    samples = {}
+    # round robin: every run index measures every layout and comm mode back to back, so slow drifts
+    # of a shared machine hit all of them alike
+    tokens = {}
+    for run in range(opts.warmup + opts.runs):
+        for index, (_, _, model, gen, comms) in enumerate(entries):
+            for comm_name, comm in comms.items():
+                if comm is not None:
+                    model.set_communicator(comm)
+                sample_, tokens[index, comm_name] = time_generation(gen, prompt, opts.gen_len, group)
+                if run >= opts.warmup:
+                    samples.setdefault((index, comm_name), []).append(sample_)
+    check_tokens_agree(tokens, group)
+    return samples
+
+
+def batch_rows(opts: argparse.Namespace, entries: list, batch: int, samples: dict, device, dtype) -> list[dict]:
+    """One result row per entry for this batch size: medians, the ceiling, module times, weight reads."""
+    rows = []
+    for index, (source, layout, model, _, comms) in enumerate(entries):
+        row = {"model": source, "shape": _shape(model.args), "layout": layout, "batch": batch}
+        row["model_args"] = dataclasses.asdict(model.args)
+        row.update(prompt_len=opts.prompt_len, gen_len=opts.gen_len, runs=opts.runs, warmup=opts.warmup)
+        row.update(summarize(samples[(index, "real")], batch, opts.gen_len))
+        if "none" in comms:
+            row["none"] = summarize(samples[(index, "none")], batch, opts.gen_len)
+        row["module_ms"] = module_times_ms(model, batch, opts.prompt_len, device, dtype)
+        # every decode step reads all of this rank's weights once (the tied head reads the embedding)
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        row["weight_bytes_per_rank"] = weight_bytes
+        row["decode_weight_read_gb_s"] = weight_bytes / row["decode_ms_per_token"] / 1e6
+        rows.append(row)
+    return rows
+
+
+def allow_recompiles(cases: int):
+    """The Generators share their step functions' code, on which dynamo counts recompilations: allow one
+    graph per (model, communicator, batch size)."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    setattr(dynamo_config, name, max(getattr(dynamo_config, name), cases))
+
+
+def compilations() -> int:
+    """Frames dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def check_tokens_agree(tokens: dict, group):
+    """Greedy decoding skips the token broadcast: check (outside the timed runs) that every rank generated
+    the same tokens with real communication, as replicated logits promise."""
+    if group is None:
+        return
+    for (index, comm_name), local in tokens.items():
+        if comm_name == "none":  # the ceiling's logits differ per rank on purpose
+            continue
+        gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(gathered, local, group=group)
+        if not all(torch.equal(t, gathered[0]) for t in gathered):
+            raise RuntimeError(f"ladder-bench: TP ranks generated different tokens for model {index}")
+
+
+def _shape(args: ModelArgs) -> str:
+    return f"L{args.n_layers}-d{args.dim}-h{args.n_heads}-f{args.ffn_dim}-v{args.vocab_size}"
+
+
+def _spawned_rank(rank: int, opts: argparse.Namespace, world: int, port: int):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ["LOCAL_RANK"] = str(rank)
+    run_rank(opts)
+
+
+def run_benchmark(opts: argparse.Namespace) -> int:
+    """The benchmark on every rank: under torchrun this process is one of them; else ``opts.tp`` ranks are
+    spawned here (none for TP = 1). Every bad input fails before a process starts."""
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("WORLD_SIZE" in os.environ and "RANK" in os.environ)
+    if under_torchrun:
+        world = int(os.environ["WORLD_SIZE"])
+        if opts.tp not in (None, world):
+            raise InputError(f"--tp {opts.tp} differs from the torchrun world size {world}")
+        measurements(opts, world)
+        run_rank(opts)
+        return 0
+    tp = opts.tp or 1
+    measurements(opts, tp)
+    if tp == 1:
+        run_rank(opts)
+        return 0
+    import torch.multiprocessing as mp
+
+    mp.spawn(_spawned_rank, args=(opts, tp, free_port()), nprocs=tp, join=True)
+    return 0

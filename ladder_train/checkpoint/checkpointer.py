@@ -1,0 +1,166 @@
+"""Distributed checkpoints (torch.distributed.checkpoint): sharded save, atomic completion, auto-resume.
+
+Layout: ``RUN_DIR/checkpoints/step-N/`` holds the DCP files (every rank writes its shards), ``MANIFEST.json``
+and a ``COMPLETE`` marker written last (``checkpoint/files.py``). A checkpoint is written as ``step-N.partial``
+and renamed once complete, so a crash while saving leaves the previous checkpoints usable; a ``step-N`` folder
+without the marker (cut short some other way) is skipped with a warning.
+
+Contents: ``model`` and ``optim`` (DCP state dicts, resharded on load to any world size), ``trainer``
+(JSON: step, tokens, scheduler, wandb run id, model shape: the same on every rank), and per rank
+``rank{r}`` (data loader position and RNG states: plain types, tensors and numeric numpy arrays; restored
+only at the same world size). Checkpoints are data: they are read without running code (``checkpoint/safe_load.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from ..config import CheckpointConfig
+from .files import (
+    COMPLETE_MARKER,
+    CheckpointError,
+    checkpoint_failure,
+    complete_checkpoints,
+    is_main_process,
+    verify_checkpoint,
+    write_manifest,
+)
+from .safe_load import describe, load_dcp, pack, pack_json, read_trainer_state, unpack
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+class Checkpointer:
+    """Saves and restores the training state of one run; every rank calls every method."""
+
+    def __init__(self, cfg: CheckpointConfig, run_dir: Path, rank: int, world_size: int):
+        self.cfg = cfg
+        self.folder = run_dir / "checkpoints"
+        self.rank, self.world_size = rank, world_size
+        self._pending: tuple[Future, Path, int] | None = None
+        self._async_group = None
+        if cfg.async_save and dist.is_initialized():
+            # background writes use their own gloo group so they never queue behind training's NCCL work
+            self._async_group = dist.new_group(backend="gloo")
+
+    # what to resume from ------------------------------------------------------------------------------
+
+    def resume_path(self) -> Path | None:
+        """``checkpoint.load`` if set, else the newest complete checkpoint of this run (or None)."""
+        if self.cfg.load:
+            from ..loading import folder_kind  # loading reads checkpoints through this package: imported late
+
+            path = Path(self.cfg.load)
+            if not path.is_dir():
+                raise CheckpointError(f"checkpoint.load={path}: no such folder")
+            if folder_kind(path) != "checkpoint":
+                raise CheckpointError(
+                    f"checkpoint.load={path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)"
+                )
+            return path
+        complete = complete_checkpoints(self.folder)
+        return complete[-1] if complete else None
+
+    # save ---------------------------------------------------------------------------------------------
+
+    def periodic_save_due(self, step: int, max_steps: int) -> bool:
+        """Every ``checkpoint.every`` steps before the last (the trainer saves the last one anyway)."""
+        return bool(self.cfg.every) and step % self.cfg.every == 0 and step < max_steps
+
+    def save(self, step: int, model, optimizer, trainer_state: dict, rank_state: dict) -> Path:
+        """Write step ``step``. With ``async_save`` the files are written in the background and the
+        checkpoint is completed by the next ``save`` or by ``finish``."""
+        self.finish()
+        final = self.folder / f"step-{step}"
+        partial = self.folder / f"step-{step}.partial"
+        if is_main_process():
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        _barrier()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {
+            "model": model_state,
+            "optim": optim_state,
+            "trainer": pack_json({**trainer_state, "world_size": self.world_size}),
+            f"rank{self.rank}": pack(rank_state),
+        }
+        if self.cfg.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self._async_group)
+            self._pending = (future, partial, step)
+        else:
+            dcp.save(state, checkpoint_id=str(partial))
+            self._complete(partial, step)
+        return final
+
+    def finish(self) -> None:
+        """Wait for a background save and complete it."""
+        if self._pending is not None:
+            future, partial, step = self._pending
+            self._pending = None
+            future.result()
+            self._complete(partial, step)
+
+    def _complete(self, partial: Path, step: int) -> None:
+        _barrier()  # every rank's shards are on disk
+        write_manifest(partial)
+        if is_main_process():
+            (partial / COMPLETE_MARKER).write_text(f"step {step}\n")
+            final = partial.with_name(f"step-{step}")
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+            if self.cfg.keep > 0:  # keep=0 keeps every checkpoint
+                for old in complete_checkpoints(self.folder, warn=False)[: -self.cfg.keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+        _barrier()
+
+    # load ---------------------------------------------------------------------------------------------
+
+    def load(self, path: Path, model, optimizer, expected_model: dict, model_only: bool) -> tuple[dict, dict | None]:
+        """Restore from ``path``; returns (trainer state, this rank's state or None when the world size
+        changed or only weights were asked for). The files are checked against the manifest and the model
+        shape before any tensor is read."""
+        verify_checkpoint(path)
+        trainer_state = read_trainer_state(path)
+        saved_model = trainer_state.get("model_args", {})
+        mismatched = [
+            f"{k}: checkpoint {saved_model.get(k)!r}, run {v!r}"
+            for k, v in expected_model.items()
+            if saved_model.get(k) != v
+        ]
+        if mismatched:
+            raise CheckpointError(f"{path}: the checkpoint's model differs from this run's ({'; '.join(mismatched)})")
+        if model_only:
+            state = {"model": get_model_state_dict(model)}
+            load_dcp(state, path)
+            set_model_state_dict(model, state["model"], options=StateDictOptions(strict=True))
+            return trainer_state, None
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        same_world = trainer_state["world_size"] == self.world_size
+        if same_world:
+            state[f"rank{self.rank}"] = io.BytesIO()
+        load_dcp(state, path)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        rank_state = None
+        if same_world:
+            try:
+                rank_state = unpack(state[f"rank{self.rank}"])
+            except Exception as err:
+                raise checkpoint_failure(path, describe(err, f"the rank{self.rank} entry")) from None
+        return trainer_state, rank_state

@@ -1,0 +1,155 @@
+"""Checkpoint folders: which ``step-N`` folders exist and are complete (the ``COMPLETE`` marker), and whether
+their files are intact (``MANIFEST.json``: sha256 and size of every file, written before the marker, checked
+on every load). Failures are one-line CheckpointErrors naming the folder and the previous complete one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..errors import RunFailed
+
+COMPLETE_MARKER = "COMPLETE"
+MANIFEST = "MANIFEST.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RunFailed):
+    """A checkpoint that cannot be used here; the message names the folder and the mismatch."""
+
+
+def is_main_process() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _step_of(path: Path) -> int | None:
+    match = _STEP_DIR.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def previous_complete(path: Path) -> Path | None:
+    """The newest complete checkpoint beside ``path`` with a smaller step (where to go back to)."""
+    step = _step_of(path)
+    if step is None:
+        return None
+    older = [p for p in complete_checkpoints(path.parent, warn=False) if (_step_of(p) or 0) < step]
+    return older[-1] if older else None
+
+
+def checkpoint_failure(path: Path, what: str) -> CheckpointError:
+    previous = previous_complete(path)
+    return CheckpointError(f"{path}: {what}; the previous complete checkpoint is {previous or 'none'}")
+
+
+def complete_checkpoints(folder: Path, warn: bool = True) -> list[Path]:
+    """The complete ``step-N`` checkpoints in ``folder``, oldest first; incomplete ones are named once."""
+    found = []
+    if not folder.is_dir():
+        return found
+    for path in folder.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        if (path / COMPLETE_MARKER).is_file():
+            found.append((int(match.group(1)), path))
+        elif warn and is_main_process():
+            print(f"warning: skipping incomplete checkpoint {path} (no {COMPLETE_MARKER} marker)", file=sys.stderr)
+    return [path for _, path in sorted(found)]
+
+
+def first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    # torch's weights_only refusal is a page of advice; the line that matters names the global
+    named = [line.strip().split(" Please use")[0] for line in lines if "Unsupported global" in line]
+    text = named[0] if named else (lines[0] if lines else "")
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def group_rank_size(group) -> tuple[int, int]:
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+# checksums ------------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _shared_list(items: list, group=None) -> list:
+    """Rank 0's list on every rank (the folder listing every rank then splits)."""
+    if group_rank_size(group)[1] == 1:
+        return items
+    box = [items]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    return box[0]
+
+
+def _gathered(items: list, group=None) -> list:
+    rank, world = group_rank_size(group)
+    if world == 1:
+        return items
+    parts: list = [None] * world
+    dist.all_gather_object(parts, items, group=group)
+    return [item for part in parts for item in part]
+
+
+def write_manifest(folder: Path) -> None:
+    """Every rank hashes a share of the folder's files (shared filesystem); rank 0 writes the manifest."""
+    rank, world = group_rank_size(None)
+    names = _shared_list(
+        sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in (MANIFEST, COMPLETE_MARKER))
+    )
+    mine = [(name, (folder / name).stat().st_size, _sha256(folder / name)) for name in names[rank::world]]
+    entries = _gathered(mine)
+    if rank == 0:
+        files = {name: {"bytes": size, "sha256": digest} for name, size, digest in sorted(entries)}
+        (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
+
+
+def _check_file(folder: Path, name: str, expected: dict) -> str | None:
+    path = folder / name
+    if not path.is_file():
+        return f"{name} is missing"
+    size = path.stat().st_size
+    if size != expected["bytes"]:
+        return f"{name} has {size} bytes, the manifest says {expected['bytes']}"
+    if _sha256(path) != expected["sha256"]:
+        return f"{name} does not match its checksum in {MANIFEST} (corrupted)"
+    return None
+
+
+def verify_checkpoint(path: Path, group=None, no_dist: bool = False) -> None:
+    """Check that ``path`` is a complete checkpoint whose files match its manifest, else raise a one-line
+    CheckpointError. With a process group every rank checks a share of the files and all get the verdict.
+    A checkpoint written before manifests existed loads unverified, with a note."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such folder")
+    if not (path / COMPLETE_MARKER).is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+    rank, world = (0, 1) if no_dist else group_rank_size(group)
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        if rank == 0:
+            print(f"note: {path} has no {MANIFEST} (written before checksums): loading it unverified", file=sys.stderr)
+        return
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        names = sorted(files)
+        problems = [p for name in names[rank::world] if (p := _check_file(path, name, files[name]))]
+    except (ValueError, KeyError, TypeError) as err:
+        problems = [f"{MANIFEST} is unreadable ({first_line(err)})"]
+    if world > 1:
+        problems = _gathered(problems, group)
+    if problems:
+        more = f" (and {len(problems) - 1} more files)" if len(problems) > 1 else ""
+        raise checkpoint_failure(path, problems[0] + more)

@@ -1,0 +1,36 @@
+"""``ladder-generate``: complete one prompt with a saved model (``inference/generate.py``'s ``complete``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..dtypes import DTYPES
+
+DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama
+folder or export (tokenizer: its tokenizer.json) or a training checkpoint RUN_DIR/checkpoints/step-N (tokenizer: the
+run's data.tokenizer; tokenizer_config.json, with the chat template: the one beside the run's data.tokenizer or in
+data.chat_template). Generation stops at the end-of-sequence token: the eos_token of tokenizer_config.json, else
+eos_token_id of MODEL/generation_config.json, else of MODEL/config.json, else <|endoftext|>; or after
+--max-new-tokens. Tensor parallel: torchrun --nproc-per-node N -m ladder_train.inference MODEL ...
+(each rank loads only its shard; rank 0 prints)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ladder-generate", description=DESCRIPTION)
+    p.add_argument("model", help="a Hugging Face Llama folder, an export or RUN_DIR/checkpoints/step-N")
+    p.add_argument("--prompt", required=True, help="the text to complete")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy; above 0: sample")
+    p.add_argument("--top-k", type=int, help="with --temperature > 0: sample among the K most likely tokens")
+    p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default 0)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user message in MODEL's chat template")
+    p.add_argument("--tokenizer", help="tokenizer.json path or hub name (default: MODEL's, see above)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
+    return p
+
+
+def run(argv: list[str]) -> int:
+    """``ladder-generate``; one rank of it under torchrun."""
+    from ..inference.generate import complete
+
+    return complete(parser().parse_args(argv))

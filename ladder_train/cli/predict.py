@@ -1,0 +1,140 @@
+"""``ladder-predict``: PREDICTED prefill time, decode time per token and tokens/s of the standard, parallel
+and ladder layouts and of the no-communication ceiling under tensor parallelism, from a performance model
+(``predict/perfmodel.py``) and a hardware profile (``predict/hardware.yaml``). Nothing here is measured.
+
+    ladder-predict --model llama-70b --gpu h100 --link nvlink --tp 8 --batch-sizes 1,4,16,64 \\
+        --prompt-len 1024 --gen-len 512 [--out FILE.jsonl] [--plot FILE.png]
+    ladder-predict --gpu cpu --link emulated --link-latency-ms 20 --model small --tp 2 ...
+    ladder-predict --compare bench.jsonl [--profile cpu.yaml]      # against ladder-bench's measurements
+    ladder-predict calibrate --out cpu.yaml                         # measure this machine's `cpu` profile
+    ladder-predict validate --out-dir DIR                           # calibrate + ladder-bench runs + --compare
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import InputError
+from .args import int_list, model_overrides, names
+
+PROG = "ladder-predict"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--model",
+        default="llama-70b",
+        help="preset, llama-1b..llama-405b, or a config.json (file or folder); comma-separated",
+    )
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="profile name(s): h100 (default), h200, a100, cpu or one of --profile; with --compare cpu by default",
+    )
+    p.add_argument(
+        "--link",
+        default=None,
+        help="link(s) of the profile (nvlink, pcie = P2P disabled, gloo, emulated); default: its first",
+    )
+    p.add_argument(
+        "--tp", default="8", help="TP degree(s), comma-separated; above the GPUs of a node the inter-node link joins"
+    )
+    p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--gen-len", type=int, default=512)
+    p.add_argument("--layouts", default="standard,parallel,ladder")
+    p.add_argument("--ladder-layers", type=int, default=None, help="hybrid: only the last N layers are ladder")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="FIELD=VALUE", help="shape overrides, as ladder-bench's --set"
+    )
+    p.add_argument("--profile", default=None, help="a YAML file of profiles, added to (or replacing) the shipped ones")
+    p.add_argument("--link-latency-ms", type=float, default=None, help="with --link emulated: ladder-bench's X")
+    p.add_argument(
+        "--link-bandwidth-gbs", type=float, default=None, help="with --link emulated: its B (default infinite)"
+    )
+    p.add_argument("--out", default=None, help="JSON lines file (appended)")
+    p.add_argument("--plot", default=None, help="PNG of the speedups over standard by batch size")
+    p.add_argument(
+        "--compare", default=None, metavar="BENCH.jsonl", help="predict ladder-bench rows and report the errors"
+    )
+    opts = p.parse_args(argv)
+    opts.models, opts.layouts = names(opts.model), names(opts.layouts)
+    opts.links = names(opts.link) if opts.link else None
+    opts.batch_sizes = int_list("--batch-sizes", opts.batch_sizes)
+    opts.tps = int_list("--tp", opts.tp)
+    opts.overrides = model_overrides(opts.set)
+    return opts
+
+
+def calibrate(argv: list[str]) -> int:
+    """``ladder-predict calibrate``."""
+    from ..predict import calibrate as calibration
+
+    p = argparse.ArgumentParser(prog=calibration.PROG, description=calibration.__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="YAML file to write (use it with ladder-predict --profile FILE)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per measurement (medians)")
+    opts = p.parse_args(argv)
+    calibration.calibrate(opts.out, opts.reps)
+    return 0
+
+
+def validate(argv: list[str]) -> int:
+    """``ladder-predict validate``."""
+    from ..predict import validation
+
+    p = argparse.ArgumentParser(prog=validation.PROG, description=validation.__doc__.split("\n\n")[0])
+    p.add_argument("--out-dir", required=True, help="writes cpu.yaml, bench.jsonl and compare.txt here")
+    p.add_argument("--runs", type=int, default=3, help="ladder-bench measured runs per case (medians)")
+    p.add_argument("--cases", default=",".join(validation.CASES), help=f"a subset of {', '.join(validation.CASES)}")
+    p.add_argument("--skip-calibrate", action="store_true", help="reuse OUT_DIR/cpu.yaml")
+    p.add_argument("--skip-bench", action="store_true", help="reuse OUT_DIR/bench.jsonl (compare only)")
+    opts = p.parse_args(argv)
+    validation.validate(
+        opts.out_dir,
+        opts.runs,
+        names(opts.cases),
+        calibrate_now=not opts.skip_calibrate,
+        bench_now=not opts.skip_bench,
+    )
+    return 0
+
+
+def compare(opts: argparse.Namespace) -> int:
+    """``ladder-predict --compare BENCH.jsonl``."""
+    from ..predict.compare import bench_rows, compare, print_compare
+    from ..predict.grid import real_link
+    from ..predict.hardware import load_profiles
+
+    devices = load_profiles(opts.profile)
+    gpu = opts.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
+    if gpu not in devices:
+        raise InputError(f"--gpu {gpu!r}: no such profile (have {', '.join(devices)})")
+    bench = bench_rows(opts.compare)
+    link = real_link(devices[gpu], opts.link) if opts.link else None
+    results, summary = compare(bench, devices[gpu], link)
+    print_compare(results, summary, opts.compare, gpu)
+    return 0
+
+
+def run(argv: list[str]) -> int:
+    if argv[:1] == ["calibrate"]:
+        return calibrate(argv[1:])
+    if argv[:1] == ["validate"]:
+        return validate(argv[1:])
+    opts = parse_args(argv)
+    if opts.compare:
+        return compare(opts)
+    from ..bench.results import write_rows
+    from ..predict.grid import plot, prediction_rows, print_table
+
+    opts.gpus = names(opts.gpu or "h100")
+    rows = prediction_rows(opts)
+    print_table(rows)
+    if opts.out:
+        write_rows(rows, opts.out)
+        print(f"predictions appended to {opts.out}")
+    if opts.plot:
+        plot(rows, opts.plot)
+        print(f"plot written to {opts.plot}")
+    return 0

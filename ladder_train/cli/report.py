@@ -1,0 +1,38 @@
+"""``ladder-report``: the comparison of run folders (and ladder-bench results) as report.md with plots."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..report import __doc__ as REPORT_DOC
+from ..report import write_report
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ladder-report", description=REPORT_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "runs",
+        nargs="*",
+        type=Path,
+        help="run folders or study folders (the first run is the baseline of the relative column)",
+    )
+    parser.add_argument(
+        "--baseline", default=None, help="the group of seeds the paired differences are taken to (default: standard)"
+    )
+    parser.add_argument(
+        "--resolution",
+        type=float,
+        default=None,
+        help="flag paired intervals whose half-width is at least this (e.g. 0.01 nats): too wide to resolve it",
+    )
+    parser.add_argument("--bench", action="append", type=Path, default=[], help="ladder-bench JSON lines (repeatable)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not args.runs and not args.bench:
+        parser.error("give run folders, --bench files, or both")
+    report = write_report(args.runs, args.out, args.bench, args.baseline, args.resolution)
+    print(f"report written to {report}")
+    return 0

@@ -1,0 +1,128 @@
+"""``ladder-train``: train (the default command), ``show`` a resolved config, run a ``study``, or the ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import load_config, model_args, to_yaml
+
+
+def _config_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--config", help="a recipe YAML (recipes/*.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.n_layers=4")
+    return parser
+
+
+def _layout_summary(layouts: list[str]) -> str:
+    """['standard', 'standard', 'ladder'] -> '2 standard + 1 ladder'."""
+    runs: list[list] = []
+    for layout in layouts:
+        if runs and runs[-1][1] == layout:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, layout])
+    return " + ".join(f"{n} {layout}" for n, layout in runs)
+
+
+def cmd_train(argv: list[str]) -> int:
+    """Train (the default command); ``--dry-run`` plans the mesh and memory without training."""
+    import torch.distributed as dist
+
+    from ..parallel import init_distributed
+    from ..train.dry_run import dry_run
+    from ..train.trainer import Trainer
+
+    parser = _config_parser("ladder-train")
+    parser.description = "Pretrain a standard, parallel or ladder transformer."
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the mesh and sharded model on the meta device, print the plan, exit",
+    )
+    parser.add_argument(
+        "--simulate", default=None, metavar="NODESxGPUS", help="with --dry-run: the world to plan for, e.g. 16x8"
+    )
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    if cfg.checkpoint.init_from:  # a model that does not fit the recipe is refused before any process group exists
+        from ..loading import check_init_source
+
+        check_init_source(cfg.checkpoint.init_from, model_args(cfg.model))
+    if args.dry_run:
+        print(dry_run(cfg, args.simulate))
+        return 0
+    env = init_distributed(cfg.parallel.timeout_s)
+    try:
+        Trainer(cfg, env).train()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def cmd_show(argv: list[str]) -> int:
+    """Print the resolved config and the model's size."""
+    from ..model.presets import count_params, flops_per_token
+
+    args = _config_parser("ladder-train show").parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    print(to_yaml(cfg), end="")
+    margs = model_args(cfg.model)
+    counts = count_params(margs)
+    print(
+        f"# parameters: {counts['total'] / 1e6:,.1f}M total, {counts['non_embedding'] / 1e6:,.1f}M non-embedding; "
+        f"{flops_per_token(margs, cfg.data.seq_len) / 1e9:,.2f} GFLOPs/token (train); layers: {_layout_summary(margs.layer_layouts())}"
+    )
+    return 0
+
+
+def cmd_demo(argv: list[str]) -> int:
+    """Train the three layouts briefly, evaluate them, benchmark TP = 2, write the report."""
+    import time
+    from pathlib import Path
+
+    from ..demo import __doc__ as demo_doc
+    from ..demo import run_demo
+
+    parser = argparse.ArgumentParser(
+        prog="ladder-train demo", description=demo_doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/demo"))
+    parser.add_argument("--steps", type=int, default=300, help="training steps per layout")
+    parser.add_argument(
+        "--link-latency-ms", type=float, default=1.0, help="the emulated all-reduce latency of the TP benchmark"
+    )
+    args = parser.parse_args(argv)
+    started = time.time()
+    report = run_demo(args.out, args.steps, args.link_latency_ms)
+    print(f"\ndemo finished in {(time.time() - started) / 60:.1f} min: open {report}")
+    return 0
+
+
+def cmd_study(argv: list[str]) -> int:
+    """A grid of runs over config keys (``key=a,b`` sweeps), run here one after another or as a Slurm array."""
+    from ..study.runner import Study
+
+    parser = _config_parser("ladder-train study")
+    parser.description = (
+        "Run a grid of trainings: key=a,b,c sweeps a key, key=[a,b] is one list value, run.dir names the study's "
+        "folder. Finished points are skipped, cut-off ones resume."
+    )
+    parser.add_argument("--dry-run", action="store_true", help="list the points and their state, run nothing")
+    parser.add_argument(
+        "--point", type=int, default=None, metavar="I", help="print point I's trainer overrides (slurm/study.sh)"
+    )
+    args = parser.parse_args(argv)
+    if args.config is None:
+        parser.error("--config is required")
+    study = Study(args.config, args.overrides)
+    if args.point is not None:
+        print("\n".join(study.point(args.point).run_overrides(study.dir)))
+    elif args.dry_run:
+        print(study.describe(args.overrides))
+    else:
+        study.run_all()
+    return 0
+
+
+SUBCOMMANDS = {"show": cmd_show, "demo": cmd_demo, "study": cmd_study}

@@ -1,0 +1,7 @@
+"""``python -m ladder_train.predict`` is ``ladder-predict`` (``predict/validation.py`` runs its ``--compare``)."""
+
+import sys
+
+from ..cli import ladder_predict
+
+sys.exit(ladder_predict())

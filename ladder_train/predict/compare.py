@@ -1,0 +1,115 @@
+"""``ladder-predict --compare BENCH.jsonl``: the performance model's prediction of every ladder-bench row beside
+its measurement, and the relative errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+from ..bench.results import read_bench
+from ..errors import InputError
+from ..model.transformer import RESIDUAL_LAYOUTS
+from .perfmodel import Emulated, predict_rows
+from .shapes import shape_from_fields
+
+BENCH_KEYS = ("layout", "batch", "prompt_len", "gen_len", "decode_ms_per_token", "tp")
+
+
+def bench_rows(path: str | Path) -> list[dict]:
+    """ladder-bench rows the predictor can predict: every key it needs, the model's fields among them."""
+    rows = read_bench(path, need=BENCH_KEYS)
+    for row in rows:
+        if not isinstance(row.get("model_args"), dict):
+            raise InputError(
+                f"{row['_where']}: no model_args in the row: rerun ladder-bench with a version that records them"
+            )
+    if not rows:
+        raise InputError(f"{path}: no rows")
+    return rows
+
+
+def _rel(pred: float | None, meas: float | None) -> float | None:
+    return None if pred is None or not meas else pred / meas - 1
+
+
+def compare(bench: list[dict], device, link: str | None = None) -> tuple[list[dict], dict]:
+    """Predict each bench row on ``device`` (its link unless ``link``; emulated where the row was) and the
+    relative errors pred / measured - 1. Returns the per-row results and the mean absolute errors."""
+    cache: dict[tuple, dict] = {}
+    out = []
+    # every row's shape and layout is checked before any prediction
+    shapes = [
+        shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r["_where"]) for r in bench
+    ]
+    for row in bench:
+        if row["layout"] not in RESIDUAL_LAYOUTS:
+            raise InputError(f"{row['_where']}: layout {row['layout']!r} is not one of {', '.join(RESIDUAL_LAYOUTS)}")
+    for row, shape in zip(bench, shapes, strict=True):
+        x = row.get("emulated_link_latency_ms") or 0.0
+        bw = row.get("link_bandwidth_gbs")
+        emulated = Emulated(x / 1e3, bw * 1e9 if bw else None) if x or bw else None
+        link_name = link or ("gloo" if "gloo" in device.links else next(iter(device.links)))
+        # a compiled run fuses kernels and reads the whole static cache, as the profile's `compiled` says
+        dev = dataclasses.replace(device, compiled=bool(row.get("compiled", device.compiled)))
+        key = (shape.key, dev.compiled, row["tp"], row["batch"], row["prompt_len"], row["gen_len"], emulated)
+        if key not in cache:
+            preds = predict_rows(
+                shape, dev, link_name, row["tp"], [row["batch"]], row["prompt_len"], row["gen_len"], emulated
+            )
+            cache[key] = {r["layout"]: r for r in preds}
+        pred = cache[key][row["layout"]]
+        pred_none = cache[key]["none"]
+        meas_sp = row.get("decode_speedup_vs_standard")
+        result = {
+            "shape": shape.name,
+            "layout": row["layout"],
+            "batch": row["batch"],
+            "x_ms": x,
+            "pred_decode_ms": pred["decode_ms_per_token"],
+            "meas_decode_ms": row["decode_ms_per_token"],
+            "pred_speedup": pred["decode_speedup_vs_standard"],
+            "meas_speedup": meas_sp,
+            "pred_none_ms": pred_none["decode_ms_per_token"],
+            "meas_none_ms": (row.get("none") or {}).get("decode_ms_per_token"),
+        }
+        result["decode_err"] = _rel(result["pred_decode_ms"], result["meas_decode_ms"])
+        result["speedup_err"] = _rel(result["pred_speedup"], meas_sp) if row["layout"] != "standard" else None
+        result["none_err"] = _rel(result["pred_none_ms"], result["meas_none_ms"])
+        out.append(result)
+
+    def mae(key):
+        errs = [abs(r[key]) for r in out if r[key] is not None]
+        return statistics.fmean(errs) if errs else None
+
+    return out, {"decode": mae("decode_err"), "speedup": mae("speedup_err"), "none": mae("none_err")}
+
+
+def print_compare(results: list[dict], summary: dict, path: str, device_name: str):
+    def pct(v):
+        return f"{v:+.1%}" if v is not None else "-"
+
+    def num(v, spec):
+        return format(v, spec) if v is not None else "-"
+
+    print(f"\nladder-predict --compare {path}: PREDICTED ({device_name} profile) vs MEASURED (ladder-bench)")
+    head = (
+        f"{'shape':<24}{'layout':<9}{'batch':>6}{'X ms':>6} | {'decode ms/tok pred':>18}{'meas':>9}{'err':>8} |"
+        f" {'speedup pred':>12}{'meas':>7}{'err':>8} | {'no-comm pred':>12}{'meas':>9}{'err':>8}"
+    )
+    print(head + "\n" + "-" * len(head))
+    for r in results:
+        print(
+            f"{r['shape'][-24:]:<24}{r['layout']:<9}{r['batch']:>6}{r['x_ms']:>6g} | {r['pred_decode_ms']:>18.2f}"
+            f"{r['meas_decode_ms']:>9.2f}{pct(r['decode_err']):>8} | {r['pred_speedup']:>11.2f}x"
+            f"{num(r['meas_speedup'], '6.2f'):>6}x{pct(r['speedup_err']):>8} | {r['pred_none_ms']:>12.2f}"
+            f"{num(r['meas_none_ms'], '.2f'):>9}{pct(r['none_err']):>8}"
+        )
+    print(
+        "mean absolute error: decode ms/tok "
+        + (f"{summary['decode']:.1%}" if summary["decode"] is not None else "-")
+        + ", decode speedup (non-standard rows) "
+        + (f"{summary['speedup']:.1%}" if summary["speedup"] is not None else "-")
+        + ", no-comm ms/tok "
+        + (f"{summary['none']:.1%}" if summary["none"] is not None else "-")
+    )

@@ -1,0 +1,152 @@
+"""Hardware profiles for ``ladder-predict``: read and check ``hardware.yaml`` (shipped) or a user's file.
+
+A profile names a device's peak compute and memory bandwidth, the efficiencies assumed for them, a fixed
+cost per kernel, the dtype, and its links. Any key it does not know, any missing key, any value that is
+not a positive number is refused with one line naming the file, the profile and the key.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from ..errors import InputError
+from .perfmodel import Device, Link
+
+SHIPPED = "hardware.yaml"
+
+# key -> (required, kind); kind "pos" = positive number, "frac" = in [0, 1], "bool", "str", "int"
+DEVICE_KEYS = {
+    "description": (False, "str"),
+    "peak_tflops": (True, "pos"),
+    "mem_bw_gbs": (True, "pos"),
+    "compute_eff": (True, "frac"),
+    "mem_eff": (True, "frac"),
+    "kernel_us": (True, "nonneg"),
+    "dtype_bytes": (True, "int"),
+    "compiled": (True, "bool"),
+    "gpus_per_node": (False, "int"),
+    "inter_node": (False, "str"),
+    "links": (True, "map"),
+    "attention_overhead_us": (False, "nonneg"),
+    "mlp_overhead_us": (False, "nonneg"),
+    "step_overhead_us": (False, "nonneg"),
+    "calibrated": (False, "str"),
+}
+LINK_KEYS = {
+    "alpha_us": (True, "nonneg"),
+    "busbw_gbs": (True, "pos"),
+    "algorithm": (False, "str"),
+    "link_gbs": (False, "pos"),
+    "interference": (False, "frac"),
+    "description": (False, "str"),
+}
+ALGORITHMS = ("ring", "one_shot", "auto")
+
+
+def _check(value, kind: str, where: str):
+    ok = {
+        "pos": isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+        "nonneg": isinstance(value, int | float) and not isinstance(value, bool) and value >= 0,
+        "frac": isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1,
+        "int": isinstance(value, int) and not isinstance(value, bool) and value > 0,
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+        "map": isinstance(value, dict) and bool(value),
+    }[kind]
+    if not ok:
+        need = {
+            "pos": "a positive number",
+            "nonneg": "a number >= 0",
+            "frac": "a number in [0, 1]",
+            "int": "a positive integer",
+            "bool": "true or false",
+            "str": "a string",
+            "map": "a non-empty mapping",
+        }
+        raise InputError(f"{where} must be {need[kind]}, got {value!r}")
+
+
+def _keys(entry, spec: dict, where: str):
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: must be a mapping, got {type(entry).__name__}")
+    for key in entry:
+        if key not in spec:
+            raise InputError(f"{where}.{key}: unknown key (known: {', '.join(spec)})")
+    for key, (required, kind) in spec.items():
+        if key in entry:
+            _check(entry[key], kind, f"{where}.{key}")
+        elif required:
+            raise InputError(f"{where}.{key}: missing")
+
+
+def parse_profiles(data, origin: str) -> dict[str, Device]:
+    """Devices by name from a loaded YAML mapping; ``origin`` (the file) starts every error."""
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"{origin}: expected a mapping of profile names to profiles")
+    devices = {}
+    for name, entry in data.items():
+        where = f"{origin}: {name}"
+        _keys(entry, DEVICE_KEYS, where)
+        links = {}
+        for link_name, link in entry["links"].items():
+            lwhere = f"{where}.links.{link_name}"
+            _keys(link, LINK_KEYS, lwhere)
+            algorithm = link.get("algorithm", "ring")
+            if algorithm not in ALGORITHMS:
+                raise InputError(f"{lwhere}.algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+            links[link_name] = Link(
+                link_name,
+                link["alpha_us"] * 1e-6,
+                link["busbw_gbs"] * 1e9,
+                algorithm,
+                link["link_gbs"] * 1e9 if "link_gbs" in link else None,
+                link.get("interference", 0.0),
+            )
+        inter = entry.get("inter_node")
+        if inter is not None and inter not in links:
+            raise InputError(f"{where}.inter_node: {inter!r} is not one of its links ({', '.join(links)})")
+        devices[name] = Device(
+            name,
+            entry["peak_tflops"] * 1e12,
+            entry["mem_bw_gbs"] * 1e9,
+            entry["compute_eff"],
+            entry["mem_eff"],
+            entry["kernel_us"] * 1e-6,
+            entry["dtype_bytes"],
+            entry["compiled"],
+            links,
+            entry.get("gpus_per_node", 8),
+            inter,
+            _overheads(entry, where),
+        )
+    return devices
+
+
+def _overheads(entry: dict, where: str) -> dict[str, float] | None:
+    keys = ("attention_overhead_us", "mlp_overhead_us", "step_overhead_us")
+    given = [k for k in keys if k in entry]
+    if not given:
+        return None
+    if len(given) != len(keys):
+        missing = next(k for k in keys if k not in entry)
+        raise InputError(f"{where}.{missing}: missing (the three *_overhead_us keys go together)")
+    return {k.removesuffix("_overhead_us"): entry[k] * 1e-6 for k in keys}
+
+
+def load_profiles(path: str | Path | None = None) -> dict[str, Device]:
+    """The shipped profiles, with those of ``path`` (a user's file) added or replacing same-named ones."""
+    shipped = resources.files("ladder_train.predict").joinpath(SHIPPED)
+    devices = parse_profiles(yaml.safe_load(shipped.read_text()), SHIPPED)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(f"--profile {path}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise InputError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+        devices.update(parse_profiles(data, str(path)))
+    return devices

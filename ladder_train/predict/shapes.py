@@ -1,0 +1,121 @@
+"""Model shapes for ``ladder-predict``: the project's presets (tied head), the Llama shapes of the paper's
+size sweep (untied head) and any Hugging Face ``config.json``, each a ``ModelArgs`` with a name. Kept here, apart
+from ``model/presets.py``: the predictor needs only the sizes, and most of these shapes are never trained by this
+project."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from ..model.hf_format import HF_SIZE_KEYS
+from ..model.transformer import ModelArgs
+
+# The paper's size sweep, Llama architecture: untied output head, vocabulary 128256 unless given.
+LLAMA_SHAPES: dict[str, dict] = {
+    "llama-1b": dict(n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, ffn_dim=8192),
+    "llama-3b": dict(n_layers=28, dim=3072, n_heads=24, n_kv_heads=8, ffn_dim=8192),
+    "llama-8b": dict(n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336),
+    "llama-34b": dict(n_layers=48, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=22016, vocab_size=32000),
+    "llama-70b": dict(n_layers=80, dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672),
+    "llama-176b": dict(n_layers=70, dim=14336, n_heads=112, n_kv_heads=112, ffn_dim=57344, vocab_size=250880),
+    "llama-405b": dict(n_layers=126, dim=16384, n_heads=128, n_kv_heads=8, ffn_dim=53248),
+}
+LLAMA_VOCAB = 128256
+
+
+_ARG_FIELDS = {f.name for f in dataclasses.fields(ModelArgs)}
+
+
+@dataclass(frozen=True, eq=False)
+class Shape:
+    """A named ``ModelArgs``; its fields read through (``shape.dim``), ``tied`` is ``tie_embeddings`` (the same
+    time, the head reads vocab x dim either way; less memory)."""
+
+    name: str
+    args: ModelArgs
+
+    def __getattr__(self, field: str):
+        if field == "args":  # not set yet (unpickling)
+            raise AttributeError(field)
+        return getattr(self.args, field)
+
+    @property
+    def tied(self) -> bool:
+        return self.args.tie_embeddings
+
+    @property
+    def key(self) -> tuple:
+        """Equal for shapes of equal name and fields (``Shape`` itself hashes by identity)."""
+        return self.name, repr(self.args)
+
+    def layer_layouts(self, residual: str) -> list[str]:
+        """``ModelArgs.layer_layouts`` under ``residual``: a hybrid ladder keeps its first L - N layers standard."""
+        return dataclasses.replace(self.args, residual=residual).layer_layouts()
+
+
+def shape_from_fields(name: str, fields: dict, tied: bool, origin: str) -> Shape:
+    """A Shape from ModelArgs-named fields (others are ignored); ``origin`` names the file or row in errors."""
+    need = ("n_layers", "dim", "n_heads", "ffn_dim", "vocab_size")
+    for key in need:
+        value = fields.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(f"{origin}: {key} must be a positive integer, got {value!r}")
+    kv = fields.get("n_kv_heads") or fields["n_heads"]
+    if fields["dim"] % fields["n_heads"] or fields["n_heads"] % kv:
+        raise InputError(f"{origin}: n_heads={fields['n_heads']} must divide dim and be a multiple of n_kv_heads={kv}")
+    ladder_layers = fields.get("ladder_layers")
+    if ladder_layers is not None and not 0 <= ladder_layers <= fields["n_layers"]:
+        raise InputError(f"{origin}: ladder_layers={ladder_layers} not in 0..n_layers={fields['n_layers']}")
+    kept = {k: v for k, v in fields.items() if k in _ARG_FIELDS and k not in ("residual", "tie_embeddings")}
+    return Shape(name, ModelArgs(**{**kept, "n_kv_heads": kv, "ladder_layers": ladder_layers, "tie_embeddings": tied}))
+
+
+TIME_NEUTRAL = ("max_seq_len", "rope_theta", "norm_eps", "init_std")  # ModelArgs fields that cost nothing
+SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "ladder_layers")
+
+
+def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict | None = None) -> Shape:
+    """A preset of ``ladder_train.model.presets`` (tied head), a ``llama-*`` name (untied), or a path to a
+    Hugging Face ``config.json`` or its folder (read as JSON only; ``tie_word_embeddings`` as given).
+    ``overrides``: shape fields to replace (as ladder-bench's ``--set``)."""
+    from ..model.presets import PRESETS
+
+    extra = {k: v for k, v in (overrides or {}).items() if k not in TIME_NEUTRAL}
+    for key in extra:
+        if key not in SHAPE_FIELDS:
+            raise InputError(f"--set {key}: not a shape field (one of {', '.join(SHAPE_FIELDS)})")
+    if ladder_layers is not None:
+        extra["ladder_layers"] = ladder_layers
+    name = source
+    if extra:
+        name += ":" + ",".join(f"{k}={v}" for k, v in extra.items())
+    if source in PRESETS:
+        return shape_from_fields(name, {**PRESETS[source], **extra}, True, f"preset {source}")
+    if source in LLAMA_SHAPES:
+        return shape_from_fields(name, {"vocab_size": LLAMA_VOCAB, **LLAMA_SHAPES[source], **extra}, False, source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        names = ", ".join([*PRESETS, *LLAMA_SHAPES])
+        raise InputError(f"--model {source!r}: neither a known shape ({names}) nor a config.json file or folder")
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    fields = {ours: config.get(theirs) for theirs, ours in HF_SIZE_KEYS.items()}
+    for theirs, ours in HF_SIZE_KEYS.items():
+        if ours != "n_kv_heads" and fields[ours] is None:
+            raise InputError(f"{path}: missing key {theirs}")
+    fields["ladder_layers"] = config.get("ladder_layers") if config.get("residual") == "ladder" else None
+    fields.update(extra)
+    label = path.parent.name or str(path)
+    return shape_from_fields(
+        label + name[len(source) :], fields, bool(config.get("tie_word_embeddings", False)), str(path)
+    )

@@ -1,0 +1,90 @@
+"""``ladder-report [RUN_DIR ...] [--bench FILE.jsonl] --out DIR``: the runs side by side.
+
+Reads each run's ``config.yaml``, ``metrics.jsonl`` and newest ``eval/step-N.json``, and the TP
+benchmark's JSON lines, and writes ``DIR/report.md`` with a table in the manner of the paper's Table 3
+and PNG plots (matplotlib): loss against tokens, learning rate, and TP decode tokens/s per batch size
+with the no-communication ceiling. Runs that repeat one config under several seeds are also grouped
+(``study/groups.py``): mean ± sd per group and the difference to the first group with its uncertainty. A study
+(``ladder-train study``; give its folder) adds each layout's learning-rate curve and best rate, and the paired
+differences to the baseline with 95 % intervals (``study/analysis.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..bench.results import read_bench
+from ..config import ConfigError
+from ..study import analysis
+from ..study import groups as seed_groups
+from .bench import bench_section
+from .runs import Run, read_run
+from .study import comparison_section, seeds_section, sweep_section
+from .tables import markdown_table, plot_loss, plot_lr, results_table
+
+__all__ = ["Run", "find_runs", "read_run", "write_report"]
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run folders as given; a folder that is not a run but holds runs (a study's folder, one or two levels
+    down) stands for them, in name order."""
+    found = []
+    for path in map(Path, paths):
+        if (path / "metrics.jsonl").is_file() or not path.is_dir():
+            found.append(path)  # read_run names what is missing
+            continue
+        inside = sorted({p.parent for p in [*path.glob("*/metrics.jsonl"), *path.glob("*/*/metrics.jsonl")]})
+        if not inside:
+            raise ConfigError(f"{path}: not a run folder (missing metrics.jsonl), nor a study folder holding runs")
+        found.extend(inside)
+    return found
+
+
+def write_report(
+    run_dirs: list[Path],
+    out: Path,
+    bench_files: list[Path] = (),
+    baseline: str | None = None,
+    resolution: float | None = None,
+) -> Path:
+    runs = [read_run(path) for path in find_runs(run_dirs)]  # every input is checked before anything is written
+    bench_rows = [row for path in bench_files for row in read_bench(path)]
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# ladder-train report", ""]
+    if runs:
+        lines.append("Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".")
+        lines += ["", "## Results", ""]
+        header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
+        lines.append(markdown_table(header, results_table(runs)))
+        lines.append("")
+        lines += _study_sections(runs, out, baseline, resolution)
+        lines += ["## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
+        lines += ["## Learning rate", "", f"![learning rate]({plot_lr(runs, out).name})", ""]
+    if bench_rows:
+        lines += ["## Tensor-parallel generation", "", *bench_section(bench_rows, out), ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def _study_sections(runs: list[Run], out: Path, baseline: str | None, resolution: float | None) -> list[str]:
+    groups = seed_groups.group_runs(runs)
+    lines = []
+    sweeps = analysis.sweeps(groups)
+    if sweeps:
+        lines += ["## Learning-rate sweep", "", *sweep_section(sweeps, out), ""]
+    repeated = analysis.seeded(groups)
+    if repeated:
+        lines += ["## Seeds", "", *seeds_section(groups, out), ""]
+        # labelled among themselves: what tells the compared groups apart, not the sweep's runs
+        seeded = seed_groups.group_runs([run for group in repeated for run in group.runs])
+        base = analysis.default_baseline(seeded)
+        if baseline is not None:
+            matches = [group for group in seeded if group.label == baseline]
+            if not matches:
+                raise ConfigError(f"--baseline {baseline!r}: no group of seeds has that label; groups: "
+                                  + ", ".join(group.label for group in seeded))  # fmt: skip
+            base = matches[0]
+        if len(seeded) > 1:
+            lines += ["## Paired comparison", "", *comparison_section(seeded, base, resolution), ""]
+    return lines

@@ -1,0 +1,123 @@
+"""The tensor-parallel benchmark's rows as a table, a plot and the words around them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .tables import markdown_table  # noqa: E402
+
+
+def plot_bench(rows: list[dict], out: Path) -> Path:
+    """Decode tokens/s per batch size: a bar per layout, and a marker for its no-communication ceiling."""
+    layouts = list(dict.fromkeys(r["layout"] for r in rows))
+    batches = sorted({r["batch"] for r in rows})
+    width = 0.8 / len(layouts)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, layout in enumerate(layouts):
+        by_batch = {r["batch"]: r for r in rows if r["layout"] == layout}
+        xs = [b + (i - (len(layouts) - 1) / 2) * width for b in range(len(batches))]
+        ax.bar(xs, [by_batch.get(b, {}).get("tokens_per_s", 0) for b in batches], width, color=f"C{i}", label=layout)
+        ceilings = [by_batch.get(b, {}).get("none", {}).get("tokens_per_s") for b in batches]
+        points = [(x, c) for x, c in zip(xs, ceilings, strict=True) if c]
+        if points:
+            ax.scatter(
+                *zip(*points, strict=True),
+                marker="_",
+                s=400,
+                color="black",
+                label="no-communication ceiling" if i == 0 else None,
+            )
+    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("tokens/s")
+    first = rows[0]
+    emulated = first.get("emulated_link_latency_ms")
+    note = f", emulated link latency {emulated} ms" if emulated else ""
+    ax.set_title(f"TP={first.get('tp', '?')} generation throughput ({first.get('device', '')}{note})")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    path = out / "tp_bench.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def bench_table(rows: list[dict]) -> str:
+    header = [
+        "layout",
+        "batch",
+        "tokens/s",
+        "decode ms/token",
+        "speedup vs standard (end-to-end)",
+        "decode speedup vs standard",
+        "ceiling tokens/s",
+        "comm share",
+        "overlap efficiency",
+    ]
+    table = []
+    for r in rows:
+        none = r.get("none", {})
+        speedup = r.get("speedup_vs_standard")  # whole generation, prefill included
+        decode_speedup = r.get("decode_speedup_vs_standard")  # decode step only, as ladder-bench prints it
+        share = r.get("comm_share")
+        efficiency = r.get("overlap_efficiency")
+        table.append(
+            [
+                r["layout"],
+                str(r["batch"]),
+                f"{r['tokens_per_s']:,.1f}",
+                f"{r['decode_ms_per_token']:.2f}",
+                "—" if speedup is None else f"{speedup:.3f}×",
+                "—" if decode_speedup is None else f"{decode_speedup:.3f}×",
+                "—" if not none else f"{none['tokens_per_s']:,.1f}",
+                "—" if share is None else f"{100 * share:.1f} %",
+                "—" if efficiency is None else f"{100 * efficiency:.0f} %",
+            ]
+        )
+    return markdown_table(header, table)
+
+
+def bench_section(rows: list[dict], out: Path) -> list[str]:
+    """The TP benchmark: one table and throughput plot, or, for rows of one model at several emulated
+    latencies, the link sweep beside the serialised-link model's prediction."""
+    from ..bench import link_sweep
+    from ..bench.results import latency_note
+
+    lines = []
+    emulated = rows[0].get("emulated_link_latency_ms")
+    if link_sweep.is_sweep(rows):
+        lines += [
+            "The interconnect is **emulated**: one serialised link per TP group that holds every all-reduce X ms "
+            "(an all-reduce starts when it is issued and the previous one has ended). Speedups are over standard "
+            "at the same X; end-to-end = tokens/s with the prefill, the paper's definition. *Predicted*: the "
+            "serialised-link timeline fed with this run's measured module times (no gloo cost).",
+            "",
+            markdown_table(*link_sweep.sweep_table(rows)),
+            "",
+            f"![link sweep]({link_sweep.plot_sweep(rows, out).name})",
+        ]
+        return lines
+    if emulated:
+        lines += [
+            f"The interconnect is **emulated**: one serialised link that holds every all-reduce {emulated} ms "
+            "(an all-reduce starts when it is issued and the previous one has ended).",
+            "",
+        ]
+        module_ms = next((r["module_ms"] for r in rows if r.get("module_ms")), None)
+        if module_ms:
+            lines += [latency_note(emulated, module_ms) + ".", ""]
+    lines += [
+        "Speedup = end-to-end tokens/s over standard's (prefill included, the paper's definition); the decode-step "
+        "speedup beside it.",
+        "",
+        bench_table(rows),
+        "",
+        f"![TP throughput]({plot_bench(rows, out).name})",
+    ]
+    return lines

@@ -1,0 +1,80 @@
+"""One training run's numbers as read from its folder, and the folders a report reads (a study's runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import ConfigError, load_config
+
+
+@dataclass
+class Run:
+    """One training run's numbers, as read from its folder."""
+
+    path: Path
+    name: str
+    residual: str
+    seed: int = 0
+    config: object = None  # the run's resolved Config
+    train: list[dict] = field(default_factory=list)  # {"step", "tokens", "loss", "lr", ...}
+    val: list[dict] = field(default_factory=list)  # {"step", "tokens", "val_loss", "val_ppl"}
+    eval_summary: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.residual in self.name else f"{self.name} ({self.residual})"
+
+
+def read_run(path: Path) -> Run:
+    metrics = path / "metrics.jsonl"
+    config = path / "config.yaml"
+    for required in (metrics, config):
+        if not required.is_file():
+            raise ConfigError(f"{path}: not a run folder (missing {required.name})")
+    cfg = load_config(config)
+    run = Run(path=path, name=cfg.run.name, residual=cfg.model.residual, seed=cfg.run.seed, config=cfg)
+    for number, line in enumerate(metrics.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            raise ConfigError(f"{metrics}:{number}: not a JSON line") from None
+        if "val_loss" in record:
+            run.val.append(record)
+        elif "loss" in record:
+            run.train.append(record)
+    # a resumed run logs replayed steps again: keep the last record of each step
+    run.train = list({r["step"]: r for r in run.train}.values())
+    run.val = list({r["step"]: r for r in run.val}.values())
+    evals = sorted((path / "eval").glob("step-*.json"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    if evals:
+        run.eval_summary = json.loads(evals[-1].read_text()).get("summary", {})
+    return run
+
+
+def _tokens(record: dict, fallback_tokens_per_step: float | None) -> float | None:
+    if "tokens" in record:
+        return record["tokens"]
+    return record["step"] * fallback_tokens_per_step if fallback_tokens_per_step else None
+
+
+def final_train_loss(run: Run, last: int = 5) -> float | None:
+    """Mean of the last ``last`` logged training losses (one step's loss is noisy)."""
+    losses = [r["loss"] for r in run.train[-last:]]
+    return statistics.fmean(losses) if losses else None
+
+
+def train_tokens_per_s(run: Run) -> float | None:
+    values = [r["tokens_per_s"] for r in run.train if r.get("tokens_per_s")]
+    return statistics.median(values) if values else None
+
+
+def final_val_loss(run: Run) -> float:
+    if not run.val:
+        raise ConfigError(f"{run.path}: no validation loss in metrics.jsonl (set eval.val_every)")
+    return run.val[-1]["val_loss"]

@@ -1,0 +1,113 @@
+"""The runs side by side: the Table-3-style comparison and the loss and learning-rate plots."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .runs import Run, final_train_loss, train_tokens_per_s  # noqa: E402
+
+# per task, the metric the paper's tables use (acc_norm where lm-eval has it) and whether lower is better
+TASK_METRICS = {
+    "wikitext": ("word_perplexity", True),
+    "wikitext2_local": ("word_perplexity", True),
+    "lambada_local": ("acc", False),
+}
+
+
+def task_metric(task: str, metrics: dict[str, float]) -> tuple[str, float] | None:
+    name = TASK_METRICS.get(task, ("acc_norm" if "acc_norm" in metrics else "acc", False))[0]
+    return (name, metrics[name]) if name in metrics else None
+
+
+def results_table(runs: list[Run]) -> list[list[str]]:
+    """Rows of the markdown table: metric, then one column per run, then the last run's relative
+    difference to the first (e.g. ladder vs standard)."""
+
+    def fmt(value, digits=4):
+        return "—" if value is None else f"{value:,.{digits}f}"
+
+    def relative(values):
+        first, last = values[0], values[-1]
+        if len(values) < 2 or first in (None, 0) or last is None:
+            return "—"
+        return f"{100 * (last - first) / first:+.2f} %"
+
+    rows = []
+    finals = [final_train_loss(r) for r in runs]
+    rows.append(["train loss (mean of last 5 logs)", *map(fmt, finals), relative(finals)])
+    vals = [r.val[-1]["val_loss"] if r.val else None for r in runs]
+    rows.append(["validation loss (final)", *map(fmt, vals), relative(vals)])
+    ppls = [math.exp(v) if v is not None else None for v in vals]
+    rows.append(["validation perplexity", *(fmt(p, 2) for p in ppls), relative(ppls)])
+    tasks = sorted({task for r in runs for task in r.eval_summary})
+    for task in tasks:
+        found = [task_metric(task, r.eval_summary.get(task, {})) for r in runs]
+        metric = next((f[0] for f in found if f), None)
+        if metric is None:
+            continue
+        values = [f[1] if f else None for f in found]
+        rows.append([f"{task} ({metric})", *map(fmt, values), relative(values)])
+    speeds = [train_tokens_per_s(r) for r in runs]
+    rows.append(["training tokens/s (median)", *(fmt(s, 0) for s in speeds), relative(speeds)])
+    return rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def plot_loss(runs: list[Run], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, run in enumerate(runs):
+        color = f"C{i}"
+        ax.plot(
+            [r["tokens"] for r in run.train],
+            [r["loss"] for r in run.train],
+            color=color,
+            alpha=0.8,
+            label=f"{run.label} train",
+        )
+        if run.val:
+            ax.plot(
+                [r["tokens"] for r in run.val],
+                [r["val_loss"] for r in run.val],
+                color=color,
+                linestyle="--",
+                marker="o",
+                markersize=3,
+                label=f"{run.label} validation",
+            )
+    ax.set_xlabel("tokens")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title("Loss against tokens")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = out / "loss.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_lr(runs: list[Run], out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for i, run in enumerate(runs):
+        ax.plot([r["step"] for r in run.train], [r["lr"] for r in run.train], color=f"C{i}", label=run.label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("learning rate")
+    ax.set_title("Learning-rate schedule")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = out / "lr.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,66 @@
+"""The statistics of a layout comparison: a paired t interval over seeds, and a learning rate chosen on a sweep."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from scipy import stats as scipy_stats
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """The mean of per-seed differences (group - baseline) with its two-sided t interval and p-value."""
+
+    n: int
+    mean: float
+    sd: float  # sample sd of the differences (n - 1)
+    half_width: float  # of the confidence interval: t(1 - alpha/2, n - 1) x sd / sqrt(n)
+    p_value: float  # two-sided, of "the mean difference is 0"
+    confidence: float
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half_width
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+
+def paired_difference(values: list[float], baseline: list[float], confidence: float = 0.95) -> PairedDifference:
+    """``values[i] - baseline[i]`` are the paired differences (same seed: same data order and initial weights)."""
+    if len(values) != len(baseline):
+        raise ValueError(f"paired samples differ in length: {len(values)} and {len(baseline)}")
+    if len(values) < 2:
+        raise ValueError("a paired interval needs at least two pairs")
+    diffs = [a - b for a, b in zip(values, baseline, strict=True)]
+    n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
+    critical = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
+    se = sd / math.sqrt(n)
+    p_value = 1.0 if se == 0 and mean == 0 else (0.0 if se == 0 else 2 * scipy_stats.t.sf(abs(mean) / se, n - 1))
+    return PairedDifference(n, mean, sd, float(critical * se), float(p_value), confidence)
+
+
+@dataclass(frozen=True)
+class RateChoice:
+    """The learning rate with the lowest loss on a sweep, and whether it lies on the sweep's edge (the optimum may
+    then lie outside the rates tried)."""
+
+    best: float
+    loss: float
+    at_edge: bool
+
+
+def best_rate(losses: dict[float, float]) -> RateChoice:
+    """``{lr: loss at the horizon}`` -> the lowest loss's rate (the smaller rate on a tie)."""
+    if len(losses) < 2:
+        raise ValueError("a learning-rate choice needs at least two rates")
+    rates = sorted(losses)
+    best = min(rates, key=lambda lr: (losses[lr], lr))
+    return RateChoice(best, losses[best], best in (rates[0], rates[-1]))

@@ -1,0 +1,51 @@
+"""The developer benchmarks (benchmarks/): the trainer benchmark times the steps it was asked for."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+
+
+BENCH_TINY = ["model.vocab_size=64", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.ffn_dim=64",
+              "model.max_seq_len=16", "data.seq_len=16", "train.global_batch_size=2", "train.micro_batch_size=2"]  # fmt: skip
+
+
+def run_bench(tmp_path, code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}  # benchmarks/ is not installed: run from the repo
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_trainer_benchmark_rounds_each_train_the_asked_steps(tmp_path):
+    # a second round in a reused run folder resumed at max_steps and "trained" nothing at 100x the speed
+    code = f"from benchmarks.train_step import main; main(['--steps', '3', '--rounds', '2', *{BENCH_TINY!r}])"
+    done = run_bench(tmp_path, code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("trainer"))
+    assert line.endswith("; each ran 3 steps in a fresh run folder)"), line
+    rounds = [float(x.replace(",", "")) for x in line.split("rounds: ")[1].split(";")[0].split(", ")]
+    assert len(rounds) == 2 and max(rounds) / min(rounds) < 5, line
+    assert not (tmp_path / "runs").exists()  # nothing left behind for a later run to resume from
+
+
+@pytest.mark.slow
+def test_trainer_benchmark_fails_loudly_when_a_round_runs_fewer_steps(tmp_path):
+    code = f"""
+from benchmarks import train_step as bench
+from ladder_train.train import trainer
+real_train = trainer.Trainer.train
+def short_train(self):  # a trainer that stops early, as a resumed run does
+    self.max_steps = 1
+    return real_train(self)
+trainer.Trainer.train = short_train
+bench.main(['--steps', '3', '--rounds', '1', *{BENCH_TINY!r}])
+"""
+    done = run_bench(tmp_path, code)
+    assert done.returncode != 0
+    assert "BenchmarkError: trainer round ran 1 steps (from step 0, 1 logged) instead of 3" in done.stderr

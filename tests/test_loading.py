@@ -1,0 +1,397 @@
+"""Loading saved models (ladder_train/loading.py): what a folder is (an export, a training checkpoint or neither);
+Hugging Face Llama folders written by transformers itself (sharded, untied head, Llama-3.1 rope scaling) give
+transformers' logits, whole and at TP = 2; unsupported configs are refused in one line; exports round-trip and the
+non-Llama layouts do not pass for a Llama; a real pretrained model, SmolLM2-135M-Instruct, answers as it should.
+And starting a run from saved weights: ``checkpoint.init_from`` reads a Hugging Face Llama folder or a training
+checkpoint into the (FSDP-sharded) training model, under the recipe's own residual layout (the conversion to a
+hybrid ladder); ``train.freeze_layers`` keeps the lower blocks fixed; a model that does not fit the recipe is
+refused in one line before anything is built."""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from dist_utils import run_ranks
+
+from ladder_train import load_model
+from ladder_train.config import load_config
+from ladder_train.errors import InputError
+from ladder_train.inference import Generator
+from ladder_train.loading import folder_kind, load_tp_model, run_config_path
+from ladder_train.model import ModelArgs, Transformer
+from ladder_train.model.hf_format import INDEX_FILE, LADDER_MODEL_TYPE, save_export
+from ladder_train.parallel import free_port
+
+transformers = pytest.importorskip("transformers")
+
+# Hugging Face Llama folders ----------------------------------------------------------------------------------
+
+LLAMA31_SCALING = {  # Llama-3.1's values, with an original context short enough for a 40-token test to cross
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+TOKENS = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
+
+
+def hf_llama(folder, tie=False, rope_scaling=LLAMA31_SCALING, **changes):
+    """A random tiny LlamaForCausalLM saved by transformers in shards (as hub checkpoints are); returns its logits."""
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=tie, rope_scaling=dict(rope_scaling),  # a copy: transformers adds rope_theta to it
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # norms start at ones; perturb them so a wrongly read norm shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(folder, max_shard_size="40KB", safe_serialization=True)
+    if changes:
+        config_path = folder / "config.json"
+        config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **changes}))
+    with torch.no_grad():
+        return model(TOKENS).logits
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_a_transformers_llama_folder_gives_its_logits(tmp_path, tie):
+    expected = hf_llama(tmp_path / "hf", tie=tie)
+    assert (tmp_path / "hf" / INDEX_FILE).is_file()  # sharded
+    model = load_model(tmp_path / "hf").eval()
+    assert model.args.tie_embeddings is tie and model.args.rope_scaling["factor"] == 8.0
+    assert (model.output is None) is tie
+    with torch.no_grad():
+        torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(load_tp_model(tmp_path / "hf")(TOKENS), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_without_rope_scaling_the_logits_differ(tmp_path):
+    """The scaling is applied (the test above would pass by accident if positions stayed below 16)."""
+    expected = hf_llama(tmp_path / "hf")
+    plain = load_model(tmp_path / "hf").eval()
+    plain.args.rope_scaling = None
+    plain.init_rope()
+    with torch.no_grad():
+        assert (plain(TOKENS) - expected).abs().max() > 1e-3
+
+
+def _tp_worker(rank, world, port, folder, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from ladder_train.inference import TPCommunicator
+
+    model = load_tp_model(folder, tp_rank=rank, tp_size=world)
+    model.set_communicator(TPCommunicator("sync"))
+    with torch.no_grad():
+        logits = model(TOKENS)
+    greedy = Generator(model, dist.group.WORLD).generate(TOKENS[:, :8], 6)
+    torch.save(
+        {"logits": logits, "greedy": greedy, "rows": model.layers[0].attention.wq.weight.shape[0]}, out / f"{rank}.pt"
+    )
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_tp2_reads_each_rank_slices_across_shards(tmp_path):
+    expected = hf_llama(tmp_path / "hf")
+    mp.spawn(_tp_worker, args=(2, free_port(), tmp_path / "hf", tmp_path), nprocs=2, join=True)
+    reference = Generator(load_model(tmp_path / "hf").eval(), None).generate(TOKENS[:, :8], 6)
+    for rank in range(2):
+        result = torch.load(tmp_path / f"{rank}.pt")
+        assert result["rows"] == 16  # half of 4 heads x 8
+        torch.testing.assert_close(result["logits"], expected, atol=1e-5, rtol=1e-5)
+        assert torch.equal(result["greedy"], reference)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attention_bias": True}, "attention_bias=True: biases are not supported"),
+        ({"mlp_bias": True}, "mlp_bias=True: biases are not supported"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu': only silu"),
+        ({"model_type": "mistral"}, "model_type='mistral': only Llama models"),
+        ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope_parameters.rope_type='yarn': only llama3"),
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_parameters: missing low_freq_factor"),
+        ({"head_dim": 16}, "head_dim=16: only hidden_size / num_attention_heads"),
+    ],
+)
+def test_unsupported_configs_are_refused_in_one_line(tmp_path, change, message):
+    hf_llama(tmp_path / "hf", **change)
+    with pytest.raises(InputError) as err:
+        load_model(tmp_path / "hf")
+    assert str(err.value).startswith(f"{tmp_path / 'hf' / 'config.json'}: {message}") and "\n" not in str(err.value)
+
+
+def test_exports_round_trip_and_only_standard_claims_to_be_llama(tmp_path):
+    expected = hf_llama(tmp_path / "hf")
+    model = load_model(tmp_path / "hf").eval()
+    out = save_export(model, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["tie_word_embeddings"] is False
+    assert config["rope_scaling"] == LLAMA31_SCALING
+    again = transformers.LlamaForCausalLM.from_pretrained(out).eval()  # transformers reads our export
+    with torch.no_grad():
+        torch.testing.assert_close(again(TOKENS).logits, expected, atol=1e-5, rtol=1e-5)
+
+    model.args.residual, model.args.ladder_layers = "ladder", 2  # the same weights as a hybrid ladder
+    ladder = save_export(model, tmp_path / "ladder")
+    config = json.loads((ladder / "config.json").read_text())
+    assert config["model_type"] == LADDER_MODEL_TYPE and config["architectures"] == ["LadderLlamaForCausalLM"]
+    with pytest.raises(ValueError):  # transformers refuses it instead of running it as a Llama
+        transformers.AutoModelForCausalLM.from_pretrained(ladder)
+    assert load_model(ladder).args.layer_layouts() == ["standard", "ladder", "ladder"]
+
+
+# a real pretrained model ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_smollm2_answers_paris_and_matches_transformers(smollm2, shared_dir):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(smollm2 / "tokenizer.json"))
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"  # its template
+    ids = torch.tensor([tokenizer.encode(prompt).ids])
+    model = load_model(smollm2).eval()
+    assert model.args.n_layers == 30 and model.args.n_kv_heads == 3 and model.args.tie_embeddings
+    answer = tokenizer.decode(Generator(model, None).generate(ids, 8)[0].tolist())  # the new tokens
+    assert "Paris" in answer, answer
+    model.clear_kv_cache()  # the generator leaves its cache installed for the next call
+    reference = transformers.LlamaForCausalLM.from_pretrained(smollm2).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids).logits, atol=1e-4, rtol=1e-4)
+    # it knows English text: FineWeb-Edu perplexity 26.45 here (4 x 4 packed windows of 512 tokens, measured
+    # 2026-11-25; ../shared quotes 23.4 on 20 whole documents); a random model would be near 49,152
+    from ladder_train.evaluation.perplexity import held_out_batches, perplexity, validation_loss
+
+    batches = held_out_batches(shared_dir / "data" / "fineweb-edu", tokenizer, 512, 4, 4)
+    loss, n_tokens = validation_loss(model, batches)
+    assert n_tokens == 4 * 4 * 512 and 20 < perplexity(loss) < 35
+
+
+def test_folder_kind_tells_an_export_a_checkpoint_and_neither(tmp_path):
+    export = save_export(
+        Transformer(ModelArgs(vocab_size=97, dim=32, n_layers=1, n_heads=4, ffn_dim=64)), tmp_path / "e"
+    )
+    assert folder_kind(export) == "export"
+    step = tmp_path / "run" / "checkpoints" / "step-4"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_bytes(b"")
+    assert folder_kind(step) == "incomplete checkpoint"
+    (step / "COMPLETE").write_text("step 4\n")
+    assert folder_kind(step) == "checkpoint"
+    assert run_config_path(step) == (tmp_path / "run" / "config.yaml").resolve()
+    assert folder_kind(tmp_path / "run") is None and folder_kind(tmp_path / "nowhere") is None
+    (tmp_path / "only-config").mkdir()
+    (tmp_path / "only-config" / "config.json").write_text("{}")
+    assert folder_kind(tmp_path / "only-config") is None
+
+
+# starting a run from saved weights (checkpoint.init_from) ----------------------------------------------------
+
+SEQ, GLOBAL, MICRO = 16, 4, 2
+
+
+def adapt_config(run_dir, init_from, **extra):
+    """A recipe of hf_llama's shape (3 layers, hidden 32, 4 heads, 2 kv heads, untied head, llama3 rope)."""
+    scaling = "{" + ", ".join(f"{k}: {v}" for k, v in LLAMA31_SCALING.items()) + "}"
+    overrides = {
+        "run.dir": run_dir,
+        "model.vocab_size": 97,
+        "model.dim": 32,
+        "model.n_layers": 3,
+        "model.n_heads": 4,
+        "model.n_kv_heads": 2,
+        "model.ffn_dim": 64,
+        "model.max_seq_len": 48,  # shorter than the folder's 64: the rope table length may differ
+        "model.rope_theta": 500000.0,
+        "model.tie_embeddings": False,
+        "model.rope_scaling": scaling,
+        "model.residual": "ladder",
+        "model.ladder_layers": 2,
+        "data.seq_len": SEQ,
+        "train.global_batch_size": GLOBAL,
+        "train.micro_batch_size": MICRO,
+        "train.max_steps": 2,
+        "train.log_every": 1,
+        "train.optimizer.lr": 1e-2,
+        "train.schedule.warmup_steps": 0,
+        "train.schedule.total_steps": 2,
+        "wandb.mode": "disabled",
+        "eval.at_end": False,
+        "checkpoint.init_from": init_from,
+        **extra,
+    }
+    return load_config(None, [f"{k}={'null' if v is None else v}" for k, v in overrides.items()])
+
+
+def batches(rank, world):
+    while True:
+        tokens = torch.randint(0, 97, (GLOBAL, SEQ + 1), generator=torch.Generator().manual_seed(0))
+        mine = tokens[rank * GLOBAL // world : (rank + 1) * GLOBAL // world]
+        for start in range(0, len(mine), MICRO):
+            yield mine[start : start + MICRO, :-1], mine[start : start + MICRO, 1:]
+
+
+def full(param):
+    return param.full_tensor() if hasattr(param, "full_tensor") else param.detach().clone()
+
+
+def _adapt_worker(run_dir, init_from, freeze):
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    env = init_distributed()
+    try:
+        cfg = adapt_config(run_dir, init_from, **{"train.freeze_layers": freeze})
+        trainer = Trainer(cfg, env, batches=batches(env.rank, env.world_size))
+        with torch.no_grad():
+            logits = trainer.model(TOKENS[:, :SEQ]).detach()
+        before = {name: full(p) for name, p in trainer.model.named_parameters()}
+        trainer.train()
+        after = {name: full(p) for name, p in trainer.model.named_parameters()}
+        trainable = sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"])
+    finally:
+        dist.destroy_process_group()
+    return logits, before, after, trainable
+
+
+def as_hybrid_ladder(model: Transformer, ladder_layers: int) -> Transformer:
+    """The same weights under a hybrid-ladder layout: what the conversion computes before any retraining."""
+    args = ModelArgs(**{**dataclasses.asdict(model.args), "residual": "ladder", "ladder_layers": ladder_layers})
+    hybrid = Transformer(args).eval()
+    hybrid.load_state_dict(model.state_dict())
+    return hybrid
+
+
+@pytest.mark.slow
+def test_a_llama_folder_becomes_a_hybrid_ladder_on_two_fsdp_ranks_with_frozen_lower_layers(tmp_path):
+    hf_llama(tmp_path / "hf")
+    source = load_model(tmp_path / "hf").eval()
+    with torch.no_grad():
+        expected = as_hybrid_ladder(source, 2)(TOKENS[:, :SEQ])
+        assert (expected - source(TOKENS[:, :SEQ])).abs().max() > 1e-3  # the conversion changes the function
+    results = run_ranks(_adapt_worker, 2, str(tmp_path / "run"), str(tmp_path / "hf"), 1)
+    for logits, before, after, trainable in results:
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)  # the folder's weights, sharded
+        for name, value in source.state_dict().items():
+            torch.testing.assert_close(before[name], value)
+        frozen = [n for n in before if n.startswith("layers.0.")]
+        assert frozen and all(torch.equal(before[n], after[n]) for n in frozen)  # layer 0 never moves
+        assert all(not torch.equal(before[n], after[n]) for n in before if n.startswith("layers.2.attention.w"))
+        assert not torch.equal(before["output.weight"], after["output.weight"])
+        n_frozen = sum(before[n].numel() for n in frozen)
+        assert trainable == sum(v.numel() for v in before.values()) - n_frozen
+
+
+def _checkpoint_then_adapt(tmp):
+    """A standard run saves a checkpoint; a second run starts a hybrid ladder from it."""
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    env = init_distributed()
+    try:
+        first = adapt_config(f"{tmp}/first", None, **{"model.residual": "standard", "model.ladder_layers": None})
+        Trainer(first, env, batches=batches(env.rank, env.world_size)).train()
+        second = Trainer(adapt_config(f"{tmp}/second", f"{tmp}/first/checkpoints/step-2"), env, batches=[])
+        with torch.no_grad():
+            logits = second.model(TOKENS[:, :SEQ])
+    finally:
+        dist.destroy_process_group()
+    return logits
+
+
+@pytest.mark.slow
+def test_a_training_checkpoint_starts_a_converted_run(tmp_path):
+    hf_llama(tmp_path / "hf")  # only its shape is used: the first run starts from random weights
+    (logits,) = run_ranks(_checkpoint_then_adapt, 1, str(tmp_path))
+    trained = load_model(tmp_path / "first" / "checkpoints" / "step-2").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(logits, as_hybrid_ladder(trained, 2)(TOKENS[:, :SEQ]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model.dim": 64, "model.n_heads": 8, "model.n_kv_heads": 4}, "dim 32 there, 64 in the recipe; n_heads 4"),
+        ({"model.tie_embeddings": True}, "tie_embeddings False there, True in the recipe"),
+        ({"model.rope_scaling": "null"}, "rope_scaling {'rope_type': 'llama3'"),
+    ],
+)
+def test_a_model_that_does_not_fit_the_recipe_is_refused_in_one_line(tmp_path, capsys, change, message):
+    from ladder_train.cli import main
+
+    hf_llama(tmp_path / "hf")
+    capsys.readouterr()  # transformers' progress bar
+    scaling = "{" + ", ".join(f"{k}: {v}" for k, v in LLAMA31_SCALING.items()) + "}"
+    overrides = {
+        "run.dir": tmp_path / "run", "model.vocab_size": 97, "model.dim": 32, "model.n_layers": 3,
+        "model.n_heads": 4, "model.n_kv_heads": 2, "model.ffn_dim": 64, "model.max_seq_len": 64,
+        "model.rope_theta": 500000.0, "model.tie_embeddings": False, "model.rope_scaling": scaling,
+        "data.source": "python-stdlib", "data.tokenizer": "byte", "data.seq_len": 16, "wandb.mode": "disabled",
+        "checkpoint.init_from": tmp_path / "hf", **change,
+    }  # fmt: skip
+    status = main([f"{k}={v}" for k, v in overrides.items()])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.startswith(f"ladder-train: error: checkpoint.init_from={tmp_path / 'hf'}: ")
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "run" / "checkpoints").exists()  # refused before anything was built
+
+
+def test_init_from_refuses_a_preset_a_missing_folder_and_a_second_start(tmp_path):
+    from ladder_train.config import ConfigError
+    from ladder_train.loading import check_init_source
+
+    args = ModelArgs(vocab_size=97, dim=32, n_layers=3, n_heads=4, ffn_dim=64)
+    with pytest.raises(InputError, match=r"^checkpoint.init_from=tiny: a preset has no weights"):
+        check_init_source("tiny", args)
+    with pytest.raises(InputError, match=r"^checkpoint.init_from: .*nowhere.* is neither a model preset"):
+        check_init_source(tmp_path / "nowhere", args)
+    with pytest.raises(ConfigError, match="'checkpoint.init_from' and 'checkpoint.load' are both set"):
+        load_config(None, ["checkpoint.init_from=a", "checkpoint.load=b"])
+    with pytest.raises(ConfigError, match=r"'train.freeze_layers'=5 must lie in \[0, model.n_layers=4\]"):
+        load_config(None, ["model.n_layers=4", "train.freeze_layers=5"])
+
+
+def _smollm2_worker(folder, run_dir):
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    env = init_distributed()
+    try:
+        cfg = load_config(
+            Path(__file__).resolve().parents[1] / "recipes" / "adapt_smollm2_ladder15.yaml",
+            [f"checkpoint.init_from={folder}", f"run.dir={run_dir}", "wandb.mode=disabled"],
+        )
+        trainer = Trainer(cfg, env, batches=[])  # the recipe's shape against the real folder; no data read
+        with torch.no_grad():
+            logits = trainer.model(SMOLLM2_TOKENS)
+        layouts = trainer.model.args.layer_layouts()
+    finally:
+        dist.destroy_process_group()
+    return logits, layouts
+
+
+SMOLLM2_TOKENS = torch.tensor([[504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 7042, 314]])
+
+
+@pytest.mark.slow
+def test_the_smollm2_recipe_converts_the_real_model(smollm2, tmp_path):
+    """recipes/adapt_smollm2_ladder15.yaml fits the real SmolLM2 folder, and the run starts from its weights wired
+    as a hybrid ladder: the logits of load_model's model under the same layout."""
+    (logits, layouts) = run_ranks(_smollm2_worker, 1, str(smollm2), str(tmp_path / "run"))[0]
+    assert layouts == ["standard"] * 15 + ["ladder"] * 15
+    source = load_model(smollm2).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(logits, as_hybrid_ladder(source, 15)(SMOLLM2_TOKENS), atol=1e-4, rtol=1e-4)
+        assert (logits - source(SMOLLM2_TOKENS)).abs().max() > 0.1  # the conversion changes what it computes

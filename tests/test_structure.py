@@ -1,0 +1,192 @@
+"""The package's shape: no import circle (every import counted, inside functions and TYPE_CHECKING blocks too), no
+library module importing the console layer, and modules and functions short enough to read."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "ladder_train"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+CLI_PACKAGE = "ladder_train.cli"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its file; ``from pkg import sub`` counts the submodule."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            targets = [
+                f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in modules else origin for alias in node.names
+            ]
+        else:
+            continue
+        found.update(target for target in targets if target in modules and target != name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = all_modules()
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for child in graph[node]:
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
+    graph = import_graph()
+    assert "ladder_train.model.transformer" in graph["ladder_train.config"]  # from .model.transformer import ...
+    assert "ladder_train.study.runner" in graph["ladder_train.cli.train"]  # inside cmd_study
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def is_console(name: str) -> bool:
+    """The console layer: the cli package, and ``__main__`` modules (``python -m ladder_train.train``)."""
+    return name == CLI_PACKAGE or name.startswith(CLI_PACKAGE + ".") or name.endswith(".__main__")
+
+
+def test_no_library_module_imports_the_console_layer():
+    offenders = {
+        name: sorted(dep for dep in deps if is_console(dep))
+        for name, deps in import_graph().items()
+        if not is_console(name)
+    }
+    assert {name: deps for name, deps in offenders.items() if deps} == {}
+
+
+def test_modules_and_functions_stay_short():
+    long_modules, long_functions = [], []
+    for name, path in all_modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append((name, len(text.splitlines())))
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long_functions.append((f"{name}.{node.name}", length))
+    assert long_modules == [] and long_functions == []
+
+
+def test_every_third_party_import_is_declared_with_a_sufficient_floor():
+    import ast
+    import importlib.metadata as md
+    import re
+    import tomllib
+
+    declared = {}
+    for spec in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        name, floor = re.fullmatch(r"([A-Za-z0-9_.-]+)>=([0-9.]+)", spec).groups()
+        declared[re.sub(r"[-_.]+", "-", name).lower()] = tuple(int(x) for x in floor.split("."))
+    modules = set()
+    for path in (REPO / "ladder_train").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    owners = md.packages_distributions()
+    optional = {"transformers", "wandb"}  # dev extra / imported lazily with a fallback
+    missing = []
+    for module in sorted(modules - set(sys.stdlib_module_names) - {"ladder_train"}):
+        dists = {re.sub(r"[-_.]+", "-", d).lower() for d in owners.get(module, [module])}
+        if not dists & (set(declared) | optional):
+            missing.append(f"{module} ({', '.join(sorted(dists))})")
+    assert not missing, f"imported but not in pyproject dependencies: {missing}"
+    assert declared["torch"] >= (2, 9)  # torchrun --signals-to-handle, used by slurm/launch.sh
+    assert declared["lm-eval"] >= (0, 4, 12)  # TaskManager.task_index entries with .cfg
+
+
+SPAWNERS = ("run_ranks", "subprocess", "Popen", "mp.spawn", "torch.distributed.run", "_study_cmd", "run_bench")
+
+
+def _marked_slow(node: ast.FunctionDef, module_marks: str) -> bool:
+    marks = [ast.unparse(d) for d in node.decorator_list]
+    return "slow" in module_marks or any(m in ("pytest.mark.slow", "slow") for m in marks)
+
+
+def test_every_test_that_spawns_processes_is_marked_slow():
+    """So that `pytest -m "not slow"` (make test-fast) is an inner loop of single-process tests."""
+    unmarked = []
+    for path in sorted(Path(__file__).parent.glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marks = " ".join(
+            ast.unparse(n.value)
+            for n in tree.body
+            if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "pytestmark"
+        )
+        helpers = {
+            n.name: ast.unparse(n)
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
+        }
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            body = ast.unparse(node)
+            called = " ".join(text for name, text in helpers.items() if f"{name}(" in body)
+            if any(s in body or s in called for s in SPAWNERS) and not _marked_slow(node, module_marks):
+                unmarked.append(f"{path.name}::{node.name}")
+    assert unmarked == []

@@ -1,0 +1,260 @@
+"""ladder-train study: the grid, a study that is killed and resumed, and the statistics
+that compare its layouts (against values computed by hand)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from fabricate import fabricate_run
+
+from ladder_train.cli import main as cli_main
+from ladder_train.config import ConfigError
+from ladder_train.study.grid import grid, split_values
+from ladder_train.study.stats import best_rate, paired_difference
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE = str(REPO / "recipes" / "smoke.yaml")
+
+
+# -- the grid --------------------------------------------------------------------------------------------
+
+
+def test_a_comma_list_sweeps_and_a_bracketed_list_is_one_value():
+    assert split_values("train.optimizer.lr=2e-3,4e-3") == ("train.optimizer.lr", ["2e-3", "4e-3"])
+    assert split_values("train.optimizer.betas=[0.9,0.95]") == ("train.optimizer.betas", ["[0.9,0.95]"])
+    assert split_values("a=[1,2],[3,4]") == ("a", ["[1,2]", "[3,4]"])
+    assert split_values("run.seed=0") == ("run.seed", ["0"])
+
+
+def test_the_grid_is_the_product_first_key_outermost_and_names_each_point_by_its_settings():
+    points = grid(["model.residual=standard,ladder", "train.optimizer.lr=1e-3,2e-3,4e-3", "run.dir=runs/s"])
+    assert len(points) == 6 and [p.index for p in points] == list(range(6))
+    assert points[0].name == "model.residual=standard,train.optimizer.lr=1e-3"
+    assert points[1].name == "model.residual=standard,train.optimizer.lr=2e-3"
+    assert points[5].name == "model.residual=ladder,train.optimizer.lr=4e-3"
+    overrides = points[4].run_overrides(Path("runs/s"))
+    assert overrides == [
+        "model.residual=ladder",
+        "train.optimizer.lr=2e-3",
+        "run.dir=runs/s/model.residual=ladder,train.optimizer.lr=2e-3",
+        "run.name=s/model.residual=ladder,train.optimizer.lr=2e-3",
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["a=1", "a=2"], "given twice"),
+        (["run.dir=x,y"], "cannot be swept"),
+        (["run.name=a"], "set per point"),
+        (["lr"], "not of the form"),
+        (["a=[1,2"], "unbalanced"),
+        (["a=1,,2"], "empty value"),
+    ],
+)
+def test_bad_sweeps_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        grid(overrides)
+
+
+def test_dry_run_lists_the_points_their_state_and_the_array_line(tmp_path, capsys):
+    study = tmp_path / "s"
+    argv = ["study", "--config", SMOKE, "model.residual=standard,parallel,ladder", "run.seed=0,1", f"run.dir={study}"]
+    (study / "model.residual=parallel,run.seed=1").mkdir(parents=True)
+    (study / "model.residual=parallel,run.seed=1" / "summary.json").write_text('{"finished": true}')
+    (study / "model.residual=ladder,run.seed=0" / "checkpoints" / "step-40").mkdir(parents=True)
+    assert cli_main([*argv, "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"study {study}: 6 points of {SMOKE}"
+    assert lines[1].split() == ["0", "model.residual=standard,run.seed=0", "[new]"]
+    assert lines[4].split() == ["3", "model.residual=parallel,run.seed=1", "[finished]"]
+    assert lines[5].split()[1:] == ["model.residual=ladder,run.seed=0", "[resumes", "at", "step", "40]"]
+    assert lines[7].startswith(f"Slurm: sbatch --array=0-5 slurm/study.sh {SMOKE} ")
+    assert not any((study / name).exists() for name in ("model.residual=standard,run.seed=0",))  # nothing written
+
+
+def test_a_bad_point_is_refused_before_any_run_starts(tmp_path, capsys):
+    argv = ["study", "--config", SMOKE, "model.n_layers=2,0", f"run.dir={tmp_path / 's'}"]
+    assert cli_main(argv) == 2
+    assert "model.n_layers" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+# -- running, killing and resuming -----------------------------------------------------------------------
+
+
+def _study_cmd(study: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "ladder_train.cli", "study", "--config", SMOKE, "model.residual=standard,ladder",
+        "train.max_steps=40", "train.log_every=10", "checkpoint.every=10", f"run.dir={study}",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child's death signal is Linux's prctl")
+def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path):
+    study = tmp_path / "s"
+    fixed = "train.max_steps=40,train.log_every=10,checkpoint.every=10"
+    first, second = study / f"model.residual=standard,{fixed}", study / f"model.residual=ladder,{fixed}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(_study_cmd(study), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 600  # generous: a loaded 2-core machine
+        while not list((second / "checkpoints").glob("step-*")) and time.time() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # the study dies at once; its trainer gets SIGTERM and checkpoints
+        proc.wait(timeout=30)
+    assert (first / "summary.json").is_file(), "the first point should have finished before the second checkpoints"
+    finished_metrics = (first / "metrics.jsonl").read_text()
+    trainer_log = second / "train.log"
+    deadline = time.time() + 60
+    while "preempted" not in trainer_log.read_text() and time.time() < deadline:
+        time.sleep(0.2)
+    assert "preempted" in trainer_log.read_text(), "the orphaned trainer must save and stop, not train on"
+    time.sleep(2)
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and str(study) in _cmdline(pid)]
+    assert not (second / "summary.json").exists()
+
+    done = subprocess.run(_study_cmd(study), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"study: [0] model.residual=standard,{fixed}: finished, skipped" in done.stdout
+    assert f"study: [1] model.residual=ladder,{fixed}: resumes at step" in done.stdout
+    assert "resuming from" in done.stdout
+    assert (first / "metrics.jsonl").read_text() == finished_metrics  # not trained again
+    assert json.loads((second / "summary.json").read_text())["step"] == 40
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+# -- the statistics ----------------------------------------------------------------------------------------
+
+
+def test_paired_t_interval_against_hand_computed_values():
+    # differences 1, 2, 3: mean 2, sd 1, s.e. 1/sqrt(3); t(0.975, 2) = 4.302653 (with 2 degrees of freedom the t
+    # distribution has the closed form F(t) = 1/2 + t / (2 sqrt(2 + t^2)))
+    diff = paired_difference([3.0, 4.0, 5.0], [2.0, 2.0, 2.0])
+    assert (diff.n, diff.mean, diff.sd) == (3, 2.0, 1.0)
+    assert diff.half_width == pytest.approx(4.302653 / 3**0.5, rel=1e-6)
+    assert (diff.low, diff.high) == (pytest.approx(-0.484138, abs=1e-6), pytest.approx(4.484138, abs=1e-6))
+    assert not diff.excludes_zero
+    # t = 2 sqrt(3) = 3.4641: p = 2 (1 - F(t)) = 1 - t / sqrt(14) = 0.074180
+    assert diff.p_value == pytest.approx(1 - 12**0.5 / 14**0.5, rel=1e-6)
+
+
+def test_a_consistent_difference_excludes_zero():
+    diff = paired_difference([2.10, 2.11, 2.12, 2.10], [2.00, 2.02, 2.01, 2.00])
+    # differences 0.10, 0.09, 0.11, 0.10: mean 0.1, sd sqrt(0.0002/3); t(0.975, 3) = 3.182446
+    assert diff.mean == pytest.approx(0.1)
+    assert diff.half_width == pytest.approx(3.182446 * (0.0002 / 3) ** 0.5 / 2, rel=1e-5)
+    assert diff.excludes_zero and diff.low > 0
+
+
+def test_pairs_must_match():
+    with pytest.raises(ValueError, match="differ in length"):
+        paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="at least two"):
+        paired_difference([1.0], [1.0])
+
+
+def test_best_rate_is_the_lowest_loss_and_says_when_it_is_on_the_edge():
+    inside = best_rate({2e-3: 2.00, 4e-3: 1.90, 8e-3: 1.95})
+    assert (inside.best, inside.loss, inside.at_edge) == (4e-3, 1.90, False)
+    edge = best_rate({2e-3: 2.00, 4e-3: 1.90, 8e-3: 1.85})
+    assert (edge.best, edge.at_edge) == (8e-3, True)
+    assert best_rate({1e-3: 1.0, 2e-3: 1.0}).best == 1e-3  # a tie goes to the smaller rate
+
+
+# -- the study's report ------------------------------------------------------------------------------------
+
+SWEEP = ["train.schedule.total_steps=10", "train.schedule.warmup_steps=1"]  # the sweep's shorter horizon
+
+
+def _eval(arc: float, bpb: float) -> dict:
+    return {
+        "arc_easy_local": {"acc": arc, "acc_stderr": 0.02},
+        "piqa_local": {"acc": 0.51, "acc_stderr": 0.02},  # within two standard errors of chance (0.5): left out
+        "wikitext2_local": {"bits_per_byte": bpb, "word_perplexity": 2**bpb},
+    }
+
+
+@pytest.fixture
+def study_dir(tmp_path):
+    """A sweep of three rates per layout (one seed), then three seeds per layout at its best rate and a
+    smaller standard model as the positive control. Final validation loss = base + 1."""
+    root = tmp_path / "study"
+    root.mkdir()
+    sweep = {"standard": (2.0, 1.8, 1.9), "ladder": (2.1, 1.9, 1.7)}  # best: 2e-3 (inside), 4e-3 (on the edge)
+    for layout, bases in sweep.items():
+        for lr, base in zip((1e-3, 2e-3, 4e-3), bases, strict=True):
+            # the sweep's own eval figures would pick other rates: the choice must not look at them
+            summary = _eval(0.9 if lr == 1e-3 else 0.3, 0.1)
+            fabricate_run(root, f"sweep_{layout}_{lr:g}", layout, base, [*SWEEP, f"train.optimizer.lr={lr}"], summary)
+    seeds = {
+        ("standard", 2e-3, "model.n_layers=2"): (2.0, 2.3, 2.6),
+        ("ladder", 4e-3, "model.n_layers=2"): (1.9, 2.1, 2.2),
+        ("standard", 2e-3, "model.n_layers=1"): (2.5, 2.85, 3.1),
+    }
+    for (layout, lr, layers), bases in seeds.items():
+        for seed, base in enumerate(bases):
+            overrides = [f"train.optimizer.lr={lr}", layers, f"run.seed={seed}"]
+            summary = _eval(0.40 + 0.01 * seed, 1.5 + base / 10)
+            fabricate_run(root, f"{layout}_{layers[-1]}_s{seed}", layout, base, overrides, summary)
+    return root
+
+
+def _table(text: str, heading: str) -> list[list[str]]:
+    section = text.split(f"## {heading}\n")[1].split("\n## ")[0]
+    return [[c.strip() for c in line.split("|")[1:-1]] for line in section.splitlines() if line.startswith("| ")][2:]
+
+
+def test_study_report_chooses_each_layouts_rate_on_the_sweep_and_pairs_the_seeds(study_dir, tmp_path):
+    from ladder_train.report import write_report
+
+    text = write_report([study_dir], tmp_path / "out", resolution=0.1).read_text()
+    sweep = {row[0]: row for row in _table(text, "Learning-rate sweep")}
+    assert sweep["standard"][1:] == ["10", "3.0000", "2.8000", "2.9000", "0.002"]
+    assert sweep["ladder"][2:5] == ["3.1000", "2.9000", "2.7000"] and sweep["ladder"][5].startswith(
+        "0.004 (on the sweep's edge"
+    )
+
+    rows = {(row[0], row[1]): row[2:] for row in _table(text, "Paired comparison")}
+    loss = "validation loss (nats/token)"
+    base, control = "standard (model.n_layers=2)", "standard (model.n_layers=1)"
+    assert rows[(loss, base)] == ["0.002", "3", "3.3000 ± 0.3000", "—", "—", "—", "baseline"]
+    # ladder - standard per seed: -0.1, -0.2, -0.4 -> mean -0.2333, sd 0.1528; t(0.975, 2) = 4.302653 ->
+    # half-width 4.302653 x 0.1528 / sqrt(3) = 0.3795; t = 2.6458, p = 1 - t / sqrt(2 + t^2) = 0.118
+    assert rows[(loss, "ladder")][:6] == ["0.004", "3", "3.0667 ± 0.1528", "-0.2333", "[-0.6128, +0.1461]", "0.118"]
+    assert rows[(loss, "ladder")][6] == (
+        "cannot tell apart (the interval holds 0); half-width 0.3795 ≥ 0.1: too wide to resolve a difference of that size"
+    )
+    # the control: +0.5, +0.55, +0.5 -> mean 0.5167, sd 0.0289, half-width 0.0717, t = 31.0, p = 0.001: detected
+    assert rows[(loss, control)][3:7] == ["+0.5167", "[+0.4450, +0.5884]", "0.001", "worse than the baseline"]
+    # eval: ARC above chance is compared, PIQA at chance is not; bits per byte follows the loss (base / 10)
+    assert any(metric == "arc_easy_local acc" for metric, _ in rows)
+    assert not any(metric.startswith("piqa_local") for metric, _ in rows)
+    assert rows[("wikitext2_local bits_per_byte", "ladder")][3] == "-0.0233"
+    assert (tmp_path / "out" / "lr_sweep.png").stat().st_size > 10_000
+
+
+def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one(study_dir, tmp_path, capsys):
+    from ladder_train.cli import ladder_report as report_main
+    from ladder_train.report import write_report
+
+    text = write_report([study_dir], tmp_path / "out", baseline="ladder").read_text()
+    rows = {(row[0], row[1]): row[2:] for row in _table(text, "Paired comparison")}
+    assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][3] == "+0.2333"
+    assert report_main([str(study_dir), "--out", str(tmp_path / "o2"), "--baseline", "nope"]) == 2
+    assert "--baseline 'nope': no group of seeds has that label" in capsys.readouterr().err
