@@ -6,8 +6,8 @@
 #
 # Without --tasks the paper's tasks run (arc_challenge, arc_easy, hellaswag, piqa, sciq, winogrande, wikitext).
 # A cluster without internet: --local-data DIR with the *_local tasks, or --include-path DIR with your own
-# task YAMLs; set HF_DATASETS_OFFLINE=1 so nothing waits on the network. Training checkpoints (DCP) are not
-# accepted yet: export one first.
+# task YAMLs; set HF_DATASETS_OFFLINE=1 so nothing waits on the network. A training checkpoint
+# (RUN_DIR/checkpoints/step-N) is accepted too: ladder-eval reads it directly, with the run's tokenizer.
 #SBATCH --job-name=ladder-eval
 #SBATCH --nodes=1
 #SBATCH --ntasks=1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One point of a study per array task (ladder-train study ... --dry-run prints the points and this line):
-#   sbatch --array=0-17 slurm/study.sh recipes/study_small.yaml model.residual=standard,parallel,ladder \
-#       train.optimizer.lr=2e-3,4e-3,8e-3 run.seed=0 run.dir=runs/study_lr
+#   sbatch --array=0-11 slurm/study.sh recipes/study_small_lr.yaml model.residual=standard,parallel,ladder \
+#       train.optimizer.lr=2e-3,4e-3,8e-3,1.6e-2 run.dir=runs/study/lr
 #   LADDER_DRY_RUN=1 SLURM_ARRAY_TASK_ID=3 bash slurm/study.sh ...   # point 3's plan, no GPUs needed
 # A task whose point finished already exits at once; a requeued or resubmitted one resumes its checkpoint.
 #SBATCH --job-name=ladder-study

@@ -73,14 +73,15 @@ def test_the_array_script_runs_its_tasks_point(tmp_path):
         **os.environ,
         "LADDER_DRY_RUN": "1",
         "SLURM_ARRAY_TASK_ID": "1",
-        "SLURM_NNODES": "2",
+        "SLURM_NNODES": "1",
+        "GPUS_PER_NODE": "2",
         "PYTHON": sys.executable,
         "PYTHONPATH": str(REPO),
     }
     cmd = ["bash", str(REPO / "slurm" / "study.sh"), SMOKE, "model.residual=standard,ladder", f"run.dir={tmp_path}/s"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "dry run: s/model.residual=ladder | 2 nodes x 8 GPUs = 16 processes" in done.stdout
+    assert "dry run: s/model.residual=ladder | 1 nodes x 2 GPUs = 2 processes" in done.stdout
     script = (REPO / "slurm" / "study.sh").read_text()
     for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "#SBATCH --output=slurm-%x-%A_%a.out"):
         assert line in script.splitlines()

@@ -4,8 +4,13 @@ library module importing the console layer, and modules and functions short enou
 from __future__ import annotations
 
 import ast
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ladder_train"
@@ -190,3 +195,33 @@ def test_every_test_that_spawns_processes_is_marked_slow():
             if any(s in body or s in called for s in SPAWNERS) and not _marked_slow(node, module_marks):
                 unmarked.append(f"{path.name}::{node.name}")
     assert unmarked == []
+
+
+def _documented_files(heading: str) -> set[str]:
+    """The numbered ``N. `path.py``` items under ``heading`` of docs/design.md."""
+    import re
+
+    section = (REPO / "docs" / "design.md").read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"\b\d+\. `([\w/]+\.py)`", section))
+
+
+@pytest.mark.slow
+def test_design_doc_lists_the_files_a_training_step_runs_through(tmp_path):
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests'); from trace_files import training_step_files; "
+        f"print(json.dumps(training_step_files('recipes/smoke.yaml', {str(tmp_path / 'run')!r})))"
+    )
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    traced = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert _documented_files("One training step, file by file") == traced
+
+
+@pytest.mark.slow
+def test_design_doc_lists_the_files_a_tp_decode_step_runs_through():
+    from dist_utils import run_ranks
+    from trace_files import decode_step_files
+
+    rank0, _ = run_ranks(decode_step_files, 2)
+    assert _documented_files("One TP decode step, file by file") == set(rank0)
