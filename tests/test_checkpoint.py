@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -393,8 +394,8 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
     add_manifest(metadata)
 
     refusals = {
-        "trainer_object": "the trainer entry holds more than plain data and tensors (UnpicklingError: ",
-        "trainer_bytes": "the trainer entry holds more than plain data and tensors (UnpicklingError: ",
+        "trainer_object": "the trainer entry names ",
+        "trainer_bytes": "the trainer entry names ",
         "metadata": ".metadata names io.open, which a checkpoint's metadata never holds",
     }
     for name, why in refusals.items():
@@ -404,6 +405,7 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
         assert result.returncode == 1
         (line,) = result.stderr.splitlines()
         assert line.startswith(f"ladder-export: error: {folder}: refused to read it: {why}"), line
+        assert "weights_only" not in line and "trusted" not in line  # never advice to turn the check off
         assert line.endswith("; the previous complete checkpoint is none")
 
     # resume: the rank entry (read last, after the weights) is refused too
@@ -412,7 +414,7 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
     assert not marker.exists()
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     (line,) = error_lines(result.stderr)
-    assert "step-6: refused to read it: the rank0 entry holds more than plain data" in line
+    assert "step-6: refused to read it: the rank0 entry names " in line and "weights_only" not in line
     assert line.endswith(f"the previous complete checkpoint is {run_dir / 'checkpoints' / 'step-4'}")
 
 
@@ -632,3 +634,43 @@ def test_checkpoint_bench_stall_is_the_extra_time_of_intervals_holding_a_save():
     # every 3 steps a save adds 0.5 s to the next interval (indices 3 and 6); index 0 is the warm-up step
     walls = [2.0, 1.0, 1.1, 1.5, 0.9, 1.0, 1.6, 1.0]
     assert stall_per_save(walls, 3) == pytest.approx(1.55 - 1.0)
+
+
+class _SystemCall:
+    def __reduce__(self):
+        return (os.system, ("echo ran",))
+
+
+def _torch_saved(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (
+            _torch_saved({"x": _SystemCall()}),
+            "refused to read it: the trainer entry names posix.system, which a checkpoint never holds",
+        ),
+        (
+            _torch_saved({"x": np.array([1, "a"], dtype=object)}),
+            "refused to read it: the trainer entry names numpy.dtypes.ObjectDType, which a checkpoint never holds",
+        ),
+        (
+            pickle.dumps(_SystemCall(), protocol=4),
+            "cannot be read: the trainer entry is not plain data and tensors, or is damaged (Unsupported operand ",
+        ),
+        (b"\x80\x02garbage", "cannot be read: the trainer entry is not plain data and tensors, or is damaged ("),
+    ],
+    ids=["os.system", "numpy object array", "protocol-4 pickle", "garbage"],
+)
+def test_a_refused_entry_is_named_in_one_line_that_never_advises_turning_the_check_off(raw, expected):
+    from ladder_train.checkpoint.safe_load import describe, unpack
+
+    with pytest.raises(Exception) as caught:
+        unpack(io.BytesIO(raw))
+    line = describe(caught.value, "the trainer entry")
+    assert line.startswith(expected), line
+    assert "\n" not in line and "weights_only" not in line and "trusted source" not in line

@@ -416,3 +416,85 @@ def test_ranks_wait_for_a_slow_rank0_eval_beyond_the_collective_timeout(tmp_path
     assert results == [(0, ["step-2"]), (0, ["step-2"])]
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("eval/fake_task/acc") == 0.5 for r in logged)  # the eval did run, on rank 0
+
+
+# -- signals: every preemption signal saves and exits 75; ranks and workers end with their launcher ----------
+
+
+def _descendants(pid: int) -> set[int]:
+    found, frontier = set(), {pid}
+    while frontier:
+        children = set().union(*(_children(p) for p in frontier if _running(p)))
+        frontier = children - found
+        found |= children
+    return found
+
+
+def _wait_for_steps(proc, metrics: Path, count: int, seconds: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= count):
+        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
+def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig):
+    import signal
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
+           f"run.dir={run_dir}", "train.max_steps=5000", "train.log_every=1", "data.num_workers=1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        _wait_for_steps(proc, run_dir / "metrics.jsonl", 3)
+        os.killpg(proc.pid, getattr(signal, sig))  # the whole process group, as a terminal's Ctrl-C or hangup does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err[-2000:]
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("ladder-train")]
+    assert line.startswith("ladder-train: preempted: stopped by a signal after step")
+    step = int(line.split("after step ")[1].split(";")[0])
+    assert (run_dir / "checkpoints" / f"step-{step}" / "COMPLETE").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_path):
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+            "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}",
+            "train.log_every=1", "data.num_workers=1", "checkpoint.every=5"]  # fmt: skip
+    proc = subprocess.Popen([*base, "train.max_steps=5000"], env={**os.environ, **OFFLINE},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    run = set()
+    try:
+        _wait_for_steps(proc, run_dir / "metrics.jsonl", 7)
+        run = _descendants(proc.pid)  # two ranks and their loader workers
+        assert len(run) >= 4, run
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_running(p) for p in run):
+            time.sleep(0.2)
+        assert not [p for p in run if _running(p)], "processes of the run outlived torchrun"
+    finally:
+        for pid in [proc.pid, *run]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    saved = max(
+        int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMPLETE").is_file()
+    )
+    done = subprocess.run([*base, f"train.max_steps={saved + 2}"], env={**os.environ, **OFFLINE},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {run_dir / 'checkpoints' / f'step-{saved}'} at step {saved}" in done.stdout

@@ -62,11 +62,40 @@ def complete_checkpoints(folder: Path, warn: bool = True) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+# torch's weights-only refusal is a page that advises turning the check off; none of that is repeated here
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)|but got <class '([\w.]+)'>")
+_ADVICE = (
+    "weights_only",
+    "Weights only load failed",
+    "trusted source",
+    "Please file an issue",
+    "Check the documentation",
+)
+
+
+def refused_global(text: str) -> str | None:
+    """The global (module.name) a weights-only unpickler refused, from its message; None if it names none."""
+    found = _REFUSED_GLOBAL.search(text)
+    return (found.group(1) or found.group(2)) if found else None
+
+
+def weights_only_reason(text: str) -> str:
+    """One line of what torch's weights-only unpickler refused: the global it names, else the first line of its
+    reason (an opcode it does not read, a damaged stream), without the advice around it."""
+    name = refused_global(text)
+    if name:
+        return f"it names {name}"
+    body = text.split("WeightsUnpickler error:", 1)[-1]
+    lines = [line.strip() for line in body.splitlines() if line.strip() and not any(a in line for a in _ADVICE)]
+    return lines[0] if lines else "not plain data and tensors"
+
+
 def first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    # torch's weights_only refusal is a page of advice; the line that matters names the global
-    named = [line.strip().split(" Please use")[0] for line in lines if "Unsupported global" in line]
-    text = named[0] if named else (lines[0] if lines else "")
+    text = str(err).strip()
+    if any(advice in text for advice in _ADVICE):
+        text = weights_only_reason(text)
+    else:
+        text = text.splitlines()[0] if text else ""
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from .files import checkpoint_failure, first_line, verify_checkpoint
+from .files import checkpoint_failure, first_line, refused_global, verify_checkpoint, weights_only_reason
 
 # writing ----------------------------------------------------------------------------------------------------
 
@@ -39,6 +39,14 @@ def pack(obj: Any) -> io.BytesIO:
 
 class _RefusedObject(pickle.UnpicklingError):
     pass
+
+
+class _UnreadableEntry(pickle.UnpicklingError):
+    """An entry the weights-only unpickler would not read, with torch's whole message (refused_global reads it)."""
+
+    def __init__(self, entry: str, message: str):
+        super().__init__(message)
+        self.entry = entry
 
 
 def _numpy_globals() -> list:
@@ -71,7 +79,7 @@ class _DataOnlyPlanner(DefaultLoadPlanner):
             with torch.serialization.safe_globals([io.BytesIO]):
                 obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError as err:
-            raise pickle.UnpicklingError(f"[entry {fqn}] {first_line(err)}") from None
+            raise _UnreadableEntry(f"the {fqn} entry", str(err)) from None
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
@@ -138,12 +146,13 @@ def describe(err: BaseException, entry: str = "an entry") -> str:
             return describe(failure[0] if isinstance(failure, tuple) else failure, entry)
     if isinstance(err, _RefusedObject):
         return f"refused to read it: {err}"
+    if isinstance(err, _UnreadableEntry):
+        entry = err.entry
     if isinstance(err, pickle.UnpicklingError):
-        text = str(err)
-        if text.startswith("[entry "):  # from _DataOnlyPlanner: the entry is named, the cause is one line
-            name, _, text = text[len("[entry ") :].partition("] ")
-            return f"refused to read it: the {name} entry holds more than plain data and tensors ({text})"
-        return f"refused to read it: {entry} holds more than plain data and tensors ({first_line(err)})"
+        name = refused_global(str(err))
+        if name:
+            return f"refused to read it: {entry} names {name}, which a checkpoint never holds (only plain data and tensors are read)"
+        return f"cannot be read: {entry} is not plain data and tensors, or is damaged ({weights_only_reason(str(err))})"
     return f"cannot be read ({first_line(err)})"
 
 

@@ -12,14 +12,10 @@ workers and resume; the labels are -100 where a token is not scored.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import os
 import signal
-import sys
-import threading
-import time
 import warnings
 from typing import Any
 
@@ -28,6 +24,7 @@ from datasets.distributed import split_dataset_by_node
 from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
 from .errors import DataError
 from .packing import PackedWindows, collate_windows
@@ -109,42 +106,11 @@ def _epochs(state: Any):
             yield from _epochs(value)
 
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _die_with_parent(trainer_pid: int) -> None:
     """End this worker when the trainer dies, even by SIGKILL: torch's own check (every 5 s, between batches)
     never runs in a worker stuck writing a batch into a full pipe nobody reads, which kept such workers alive
-    (and their memory) forever. Forked by the trainer on Linux: the kernel sends SIGKILL when the forking
-    thread exits. Otherwise (another OS, a forkserver in between) a thread polls the trainer's pid."""
-    direct = os.getppid() == trainer_pid
-    armed = False
-    if direct and sys.platform.startswith("linux"):
-        try:
-            armed = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            armed = False
-    if armed:
-        if os.getppid() != trainer_pid:  # the trainer died between the fork and the prctl
-            os.kill(os.getpid(), signal.SIGKILL)
-        return
-
-    def watch() -> None:
-        while _alive(trainer_pid):
-            time.sleep(1.0)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="trainer-watchdog", daemon=True).start()
+    (and their memory) forever."""
+    end_with_parent(trainer_pid, signal.SIGKILL)
 
 
 def _init_worker(worker_id: int, trainer_pid: int) -> None:
@@ -154,7 +120,7 @@ def _init_worker(worker_id: int, trainer_pid: int) -> None:
     # preemption signals (Slurm, torchrun) reach the whole process group: the trainer handles them and
     # still needs its workers for the step it finishes before saving, so a worker outlives them by a grace
     # period (ignoring them outright would also ignore the parent's terminate() at exit, and hang it)
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in PREEMPTION_SIGNALS:
         signal.signal(sig, _exit_after_grace)
 
 

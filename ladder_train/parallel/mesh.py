@@ -4,6 +4,7 @@ how the global batch splits over the data-parallel ranks (``BatchSplit``), which
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import ConfigError, ParallelConfig
+from ..lifetime import end_with_parent
 
 _timeout: timedelta | None = None  # the default group's timeout, given to the mesh's subgroups too
 
@@ -72,6 +74,8 @@ def init_distributed(
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: SIGTERM (save and stop) if torchrun dies
+        end_with_parent(os.getppid(), signal.SIGTERM)
     if torch.cuda.is_available() and not cpu:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

@@ -4,7 +4,7 @@ overrides of its point). Every point's config is checked before the first run st
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import json
 import os
 import shlex
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import Preempted, RunFailed
+from ..lifetime import end_with_parent
 from .grid import Point, fixed_overrides, grid
 
 FINISHED_FILE = "summary.json"  # the trainer writes it when a run reaches its last step
@@ -80,7 +81,13 @@ class Study:
         log_path = run_dir / "train.log"
         with open(log_path, "a") as log, open(log_path) as echo:
             echo.seek(0, os.SEEK_END)
-            child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent)
+            child = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=functools.partial(end_with_parent, os.getpid(), signal.SIGTERM),
+            )
             code = None
             while code is None:
                 try:
@@ -99,10 +106,3 @@ class Study:
             raise RunFailed(
                 f"point {point.index} ({point.name}) failed with exit status {code}; its log: {run_dir}/train.log"
             )
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the study process dies, even by kill -9 (the trainer then saves and exits)."""
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)

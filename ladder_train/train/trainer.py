@@ -24,6 +24,7 @@ from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data.packing import IGNORE_INDEX
 from ..errors import EXIT_REQUEUE, Preempted, RunFailed
+from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
 from ..parallel import BatchSplit, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
@@ -171,6 +172,8 @@ class Trainer:
         return f"{changed} of {len(layouts)} layers change layout" + (f", the first {frozen} frozen" if frozen else "")
 
     def _request_preemption(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self._preempt_signal is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self._preempt_signal = signum
 
     def _build_data(self):
@@ -268,7 +271,7 @@ class Trainer:
 
     def train(self) -> list[dict]:
         logger = self._start_logging()
-        handlers = {sig: signal.signal(sig, self._request_preemption) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+        handlers = {sig: signal.signal(sig, self._request_preemption) for sig in PREEMPTION_SIGNALS}
         history: list[dict] = []
         self.model.train()
         try:
