@@ -23,14 +23,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from .errors import InputError
+from .config_checks import check_values
+from .errors import ConfigError
 from .model.presets import PRESETS
-from .model.transformer import RESIDUAL_LAYOUTS, ModelArgs
+from .model.transformer import ModelArgs
 from .paper import PAPER_TASKS
-
-
-class ConfigError(InputError):
-    """A recipe or override that cannot run. The message is one line naming the file, key or value."""
 
 
 @dataclass
@@ -167,17 +164,6 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-# values restricted to a set of choices: dotted key -> choices
-CHOICES = {
-    "model.residual": RESIDUAL_LAYOUTS,
-    "train.dtype": ("auto", "bf16", "fp32"),
-    "data.format": ("text", "chat"),
-    "parallel.activation_checkpoint": ("none", "full", "every_n"),
-    "wandb.mode": ("online", "offline", "disabled"),
-    "eval.mode": ("inprocess", "slurm"),
-}
-
-
 def _valid_keys(section_type: type) -> list[str]:
     return [f.name for f in dataclasses.fields(section_type)]
 
@@ -242,84 +228,6 @@ def _merge_typed(schema: DictConfig, layer: DictConfig, origin: str) -> DictConf
         raise _convert_error(err, origin) from None
 
 
-def _check_values(cfg: Config) -> None:
-    """Constraints no type can express: choices, divisibility, positive sizes."""
-    for dotted, choices in CHOICES.items():
-        section, name = dotted.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in choices:
-            raise ConfigError(f"key '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
-    _check_model(cfg.model, cfg.data.seq_len)
-    _check_training(cfg)
-
-
-def _check_model(m: ModelConfig, seq_len: int) -> None:
-    for name in ("vocab_size", "dim", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
-        if getattr(m, name) <= 0:
-            raise ConfigError(f"key 'model.{name}' must be positive, got {getattr(m, name)}")
-    if m.dim % m.n_heads:
-        raise ConfigError(f"key 'model.n_heads'={m.n_heads} does not divide model.dim={m.dim}")
-    if (m.dim // m.n_heads) % 2:
-        raise ConfigError(
-            f"head dim model.dim / model.n_heads = {m.dim // m.n_heads} must be even for rotary embeddings"
-        )
-    kv_heads = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
-    if kv_heads <= 0 or m.n_heads % kv_heads:
-        raise ConfigError(
-            f"key 'model.n_kv_heads'={m.n_kv_heads} must be positive and divide model.n_heads={m.n_heads}"
-        )
-    if m.ladder_layers is not None:
-        if m.residual != "ladder":
-            raise ConfigError(f"key 'model.ladder_layers' is set but model.residual is {m.residual!r}, not 'ladder'")
-        if not 0 <= m.ladder_layers <= m.n_layers:
-            raise ConfigError(
-                f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]"
-            )
-    if seq_len > m.max_seq_len:
-        raise ConfigError(f"key 'data.seq_len'={seq_len} exceeds model.max_seq_len={m.max_seq_len}")
-
-
-def _check_training(cfg: Config) -> None:
-    m, t = cfg.model, cfg.train
-    if t.log_every <= 0:
-        raise ConfigError(f"key 'train.log_every' must be a positive number of steps, got {t.log_every}")
-    if cfg.data.shuffle_buffer < 0:
-        raise ConfigError(f"key 'data.shuffle_buffer' must be >= 0 (0 = no shuffling), got {cfg.data.shuffle_buffer}")
-    if cfg.data.format == "chat" and not cfg.data.chat_template:
-        raise ConfigError(
-            "key 'data.chat_template' is required with data.format=chat: a model folder whose tokenizer_config.json "
-            "holds the chat template"
-        )
-    if cfg.parallel.timeout_s <= 0:
-        raise ConfigError(
-            f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}"
-        )
-    if t.micro_batch_size <= 0 or t.global_batch_size <= 0:
-        raise ConfigError("keys 'train.global_batch_size' and 'train.micro_batch_size' must be positive")
-    if t.global_batch_size % t.micro_batch_size:
-        raise ConfigError(
-            f"key 'train.micro_batch_size'={t.micro_batch_size} does not divide train.global_batch_size={t.global_batch_size}"
-        )
-    if len(t.optimizer.betas) != 2:
-        raise ConfigError(f"key 'train.optimizer.betas' needs two values, got {list(t.optimizer.betas)}")
-    s = t.schedule
-    if s.warmup_steps < 0 or s.total_steps <= 0 or s.warmup_steps > s.total_steps:
-        raise ConfigError(
-            f"keys 'train.schedule.warmup_steps'={s.warmup_steps} and 'total_steps'={s.total_steps} need 0 <= warmup <= total, total > 0"
-        )
-    if not 0 <= s.min_lr_ratio <= 1:
-        raise ConfigError(f"key 'train.schedule.min_lr_ratio' must lie in [0, 1], got {s.min_lr_ratio}")
-    if cfg.checkpoint.keep < 0:
-        raise ConfigError(f"key 'checkpoint.keep' must be >= 0 (0 keeps every checkpoint), got {cfg.checkpoint.keep}")
-    if cfg.checkpoint.init_from is not None and cfg.checkpoint.load is not None:
-        raise ConfigError(
-            "keys 'checkpoint.init_from' and 'checkpoint.load' are both set: init_from starts a new run from weights, "
-            "load continues a saved one; set one"
-        )
-    if not 0 <= t.freeze_layers <= m.n_layers:
-        raise ConfigError(f"key 'train.freeze_layers'={t.freeze_layers} must lie in [0, model.n_layers={m.n_layers}]")
-
-
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Build the run's config: schema defaults, then the preset named by ``model.preset``, then the
     recipe (with its ``defaults``), then the command-line ``overrides``. Raises ConfigError."""
@@ -352,7 +260,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         cfg: Config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise _convert_error(err, str(recipe) if recipe else "config") from None
-    _check_values(cfg)
+    check_values(cfg)
     return cfg
 
 

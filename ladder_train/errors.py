@@ -8,6 +8,10 @@ class InputError(ValueError):
     """Bad input (a flag, config key, file or value); nothing was done. Exit status 2, as argparse's."""
 
 
+class ConfigError(InputError):
+    """A recipe or override that cannot run. The message is one line naming the file, key or value."""
+
+
 class RunFailed(RuntimeError):
     """The work could not go on (a damaged checkpoint, a non-finite loss, a run.dir in use). Exit status 1."""
 

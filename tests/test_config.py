@@ -145,3 +145,36 @@ def test_paper_recipes_stream_sample_100bt_shuffled(recipe):
     tokens = cfg.train.schedule.total_steps * cfg.train.global_batch_size * cfg.data.seq_len
     assert 100e9 <= tokens <= 110e9  # about one pass over the 100B-token sample, not ten over sample-10BT
     assert cfg.data.shuffle_buffer >= 1000
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.max_steps=0", "train.max_steps"),
+        ("train.max_steps=-5", "train.max_steps"),
+        ("checkpoint.every=-1", "checkpoint.every"),
+        ("eval.val_every=-1", "eval.val_every"),
+        ("eval.every=-2", "eval.every"),
+        ("data.num_workers=-1", "data.num_workers"),
+        ("data.seq_len=0", "data.seq_len"),
+        ("train.optimizer.lr=-1", "train.optimizer.lr"),
+        ("train.optimizer.lr=nan", "train.optimizer.lr"),
+        ("train.optimizer.eps=0", "train.optimizer.eps"),
+        ("train.optimizer.weight_decay=-0.1", "train.optimizer.weight_decay"),
+        ("train.optimizer.betas=[0.9,1.0]", "train.optimizer.betas"),
+        ("eval.val_batches=0", "eval.val_batches"),
+        ("eval.limit=0", "eval.limit"),
+        ("parallel.ac_every=0", "parallel.ac_every"),
+        ("model.norm_eps=0", "model.norm_eps"),
+        ("train.schedule.total_tokens=0", "train.schedule.total_tokens"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigError, match=f"^key '{key}' must ") as caught:
+        load_config(None, [override])
+    assert "\n" not in str(caught.value)
+
+
+def test_a_learning_rate_of_zero_and_no_weight_decay_stay_valid():
+    cfg = load_config(None, ["train.optimizer.lr=0", "train.optimizer.weight_decay=0", "train.optimizer.grad_clip=0"])
+    assert cfg.train.optimizer.lr == 0 and cfg.train.max_steps is None

@@ -421,3 +421,72 @@ def test_bad_chat_input_is_one_line(tmp_path):
         f"{rewriting}/tokenizer_config.json does not render the conversation prefix by prefix, so the loss mask "
         "cannot be cut out of it"
     )
+
+
+# -- nothing to learn ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_chat_data_with_no_assistant_turn_is_refused_before_any_update(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from ladder_train.config import save_config
+
+    source = tmp_path / "data"
+    source.mkdir()
+    user_only = [[{"role": "user", "content": f"question {i} " * 5}] for i in range(12)]
+    write_conversations(source / "train-00000-of-00001.jsonl", user_only)
+    recipe = tmp_path / "recipe.yaml"
+    save_config(tiny_chat_config(str(tmp_path / "run"), str(model_folder(tmp_path)), str(source), 2), recipe)
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "ladder_train.train", "--config", str(recipe)], env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if line.startswith("ladder-train")] == [
+        f"ladder-train: error: data.source={source}: the first global batch holds no token to learn from (no "
+        "assistant turn in its conversations, or a data.chat_template that renders none)"
+    ]
+    assert not (tmp_path / "run" / "checkpoints").exists()  # no update, no checkpoint
+
+
+def train_with_an_empty_second_batch(tmp: str, model: str) -> dict:
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    def batch(scored: bool):
+        inputs = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(1))
+        return inputs, inputs.clone() if scored else torch.full_like(inputs, IGNORE)
+
+    env = init_distributed()
+    try:
+        cfg = tiny_chat_config(tmp, model, "unused", 2, **{"train.max_steps": 3})
+        batches = [batch(True), batch(True), batch(False), batch(False), batch(True), batch(True)]
+        trainer = Trainer(cfg, env, batches=batches)
+        weights = []
+
+        def embedding():
+            weight = trainer.model.tok_embeddings.weight.detach()
+            return (weight.full_tensor() if hasattr(weight, "full_tensor") else weight).clone()
+
+        for _ in range(3):
+            weights.append(embedding())
+            trainer.train_step()
+            trainer.step += 1
+            trainer.tokens_seen += trainer.batch.tokens_per_step
+        weights.append(embedding())
+        return {
+            "changed": [not torch.equal(a, b) for a, b in zip(weights, weights[1:], strict=False)],
+            "empty_skips": trainer.empty_skips,
+            "lr_steps": trainer.scheduler.last_epoch,
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_later_global_batch_with_nothing_to_learn_is_skipped_and_counted(tmp_path):
+    out = run_ranks(train_with_an_empty_second_batch, 1, str(tmp_path / "run"), str(model_folder(tmp_path)))[0]
+    assert out["changed"] == [True, False, True]  # no update (and no weight decay) on the empty step
+    assert out["empty_skips"] == 1 and out["lr_steps"] == 2

@@ -498,3 +498,15 @@ def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_p
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {run_dir / 'checkpoints' / f'step-{saved}'} at step {saved}" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_run_refused_as_bad_input_leaves_no_run_folder(tmp_path):
+    run_dir = tmp_path / "new_run"
+    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
+           f"run.dir={run_dir}", f"data.source={tmp_path / 'missing'}"]  # fmt: skip
+    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("ladder-train: error: ")
+    assert str(tmp_path / "missing") in done.stderr
+    assert not run_dir.exists()  # neither run.lock nor config.yaml stays behind

@@ -53,3 +53,21 @@ def lock_run_dir(run_dir: Path):
     handle.write(f"host {socket.gethostname()}, pid {os.getpid()}{f', job {job}' if job else ''}, since {started}\n")
     handle.flush()
     return handle
+
+
+def lock_run_dir_on_rank0(run_dir: Path, is_main: bool):
+    """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together. Returns rank 0's
+    open lock file (None elsewhere)."""
+    import torch.distributed as dist
+
+    handle, message = None, ""
+    if is_main:
+        try:
+            handle = lock_run_dir(run_dir)
+        except RunDirLocked as err:
+            message = str(err)
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    if box[0]:
+        raise RunDirLocked(box[0], quiet=not is_main)
+    return handle

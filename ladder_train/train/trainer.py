@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import signal
 import time
 from collections.abc import Iterable, Iterator
@@ -23,7 +24,7 @@ from torch.distributed.tensor import DTensor
 from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data.packing import IGNORE_INDEX
-from ..errors import EXIT_REQUEUE, Preempted, RunFailed
+from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -31,7 +32,15 @@ from ..parallel import BatchSplit, Dist, build_mesh, init_sharded_weights, paral
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
-from .run_lock import RunDirLocked, lock_run_dir
+from .run_lock import lock_run_dir_on_rank0
+
+
+class NothingToLearn(InputError):
+    """Chat data whose first global batch scores no token: training on it would only decay the weights."""
+
+    def __init__(self, message: str, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
 
 
 class NonFiniteLossError(RunFailed):
@@ -48,7 +57,21 @@ class Trainer:
     def __init__(self, cfg: Config, env: Dist, batches: Iterable | None = None):
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.run.dir)
-        self._lock = self._lock_run_dir()  # before anything is read or written
+        fresh = not self.run_dir.exists()
+        self._lock = lock_run_dir_on_rank0(self.run_dir, env.is_main)  # before anything is read or written
+        try:
+            self._build(batches)
+        except InputError:  # refused before any work: a run folder made for it goes again
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
+            if fresh and env.is_main:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def _build(self, batches: Iterable | None) -> None:
+        """Everything a run needs, each input checked before the model is built."""
+        cfg, env = self.cfg, self.env
         replicate, shard = resolve_degrees(cfg.parallel, env.world_size, env.local_world_size)
         self.replicate = replicate
         self.batch = BatchSplit(
@@ -79,6 +102,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.nonfinite_skips = 0
+        self.empty_skips = 0  # chat data: global batches with no scored token, skipped
         self.wandb_id: str | None = None
         self.meter = ThroughputMeter(
             env.world_size,
@@ -94,25 +118,12 @@ class Trainer:
 
     # checkpoints ---------------------------------------------------------------------------------------
 
-    def _lock_run_dir(self):
-        """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together."""
-        handle, message = None, ""
-        if self.env.is_main:
-            try:
-                handle = lock_run_dir(self.run_dir)
-            except RunDirLocked as err:
-                message = str(err)
-        box = [message]
-        dist.broadcast_object_list(box, src=0)
-        if box[0]:
-            raise RunDirLocked(box[0], quiet=not self.env.is_main)
-        return handle
-
     def _trainer_state(self) -> dict:
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
             "nonfinite_skips": self.nonfinite_skips,
+            "empty_skips": self.empty_skips,
             "scheduler": self.scheduler.state_dict(),
             "wandb_id": self.wandb_id,
             "model_args": dataclasses.asdict(self.model_args),
@@ -148,6 +159,7 @@ class Trainer:
             return
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
         self.nonfinite_skips, self.wandb_id = state["nonfinite_skips"], state["wandb_id"]
+        self.empty_skips = state.get("empty_skips", 0)  # absent from checkpoints of older versions
         self.scheduler.load_state_dict(state["scheduler"])
         note = ""
         if rank_state is not None:
@@ -206,8 +218,10 @@ class Trainer:
         step_batches = None
         if self.cfg.data.format == "chat":
             waited = time.perf_counter()
-            step_batches, tokens_per_rank = self._scored_micro_batches()
+            step_batches, tokens_per_rank, scored = self._scored_micro_batches()
             data_wait += time.perf_counter() - waited
+            if scored == 0:
+                return self._skip_empty_step(data_wait)
         for micro in range(split.accumulation):
             last = micro == split.accumulation - 1
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
@@ -245,17 +259,33 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": loss_value, "grad_norm": norm_value, "data_wait_s": data_wait, "finite": finite}
 
-    def _scored_micro_batches(self) -> tuple[list, float]:
-        """Chat data: this rank's micro-batches of the step, and the divisor of their summed losses: the number of
-        scored labels (not -100) in the whole global batch / the world size. A global batch with none scores
-        nothing: its loss is 0 (divisor 1), not 0/0."""
+    def _scored_micro_batches(self) -> tuple[list, float, int]:
+        """Chat data: this rank's micro-batches of the step, the divisor of their summed losses (the number of
+        scored labels, not -100, in the whole global batch / the world size) and that number."""
         if self._batches is None:  # created after a resume restored the loader's position
             self._batches = iter(self.loader)
         batches = [next(self._batches) for _ in range(self.batch.accumulation)]
         scored = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
         total = torch.tensor(scored, dtype=torch.int64, device=self.env.device)
         dist.all_reduce(total)
-        return batches, max(total.item(), 1) / self.env.world_size
+        return batches, max(total.item(), 1) / self.env.world_size, int(total.item())
+
+    def _skip_empty_step(self, data_wait: float) -> dict:
+        """A global batch with no scored token teaches nothing, and an update would only decay the weights: the
+        first one of a run stops it (the data or the chat template gives nothing to learn), later ones are skipped
+        and counted."""
+        if self.tokens_seen == 0:
+            source = self.cfg.data.source
+            raise NothingToLearn(
+                f"data.source={source}: the first global batch holds no token to learn from (no assistant turn in "
+                f"its conversations, or a data.chat_template that renders none)",
+                quiet=not self.env.is_main,
+            )
+        self.empty_skips += 1
+        if self.env.is_main:
+            print(f"warning: step {self.step + 1}: no scored token in the global batch; update skipped "
+                  f"({self.empty_skips} so far)", flush=True)  # fmt: skip
+        return {"loss": 0.0, "grad_norm": 0.0, "data_wait_s": data_wait, "finite": True}
 
     def _handle_nonfinite(self, result: dict) -> None:
         self.nonfinite_skips += 1
