@@ -674,3 +674,19 @@ def test_a_refused_entry_is_named_in_one_line_that_never_advises_turning_the_che
     line = describe(caught.value, "the trainer entry")
     assert line.startswith(expected), line
     assert "\n" not in line and "weights_only" not in line and "trusted source" not in line
+
+
+def test_metadata_cannot_set_attributes_on_an_allowed_class():
+    """BUILD with a (state, slotstate) pair would setattr on the class itself: refused, the class unchanged."""
+    import torch.distributed.checkpoint.metadata as dcp_metadata
+
+    from ladder_train.checkpoint.safe_load import _MetadataUnpickler, describe
+
+    payload = (
+        b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n"  # GLOBAL: an allowed record class
+        b"N}X\x05\x00\x00\x00pwnedK\x01s\x86b."  # (None, {"pwned": 1}), BUILD on the class, STOP
+    )
+    with pytest.raises(Exception) as caught:
+        _MetadataUnpickler(io.BytesIO(payload)).load()
+    assert not hasattr(dcp_metadata.Metadata, "pwned")
+    assert describe(caught.value) == "refused to read it: .metadata sets state on 'Metadata', not on an object"

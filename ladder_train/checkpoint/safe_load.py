@@ -5,6 +5,7 @@ only plain containers, tensors and DCP's metadata classes."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import pickle
@@ -113,9 +114,22 @@ def _metadata_global(module: str, name: str):
     raise _RefusedObject(f".metadata names {module}.{name}, which a checkpoint's metadata never holds")
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler (the C one's opcodes cannot be intercepted): only the globals above, and BUILD
+    (state set on an object) only on instances: never attributes of a class or module."""
+
     def find_class(self, module: str, name: str):
         return _metadata_global(module, name)
+
+    def load_build(self):
+        target = self.stack[-2]
+        if isinstance(target, type) or inspect.ismodule(target) or inspect.isroutine(target):
+            raise _RefusedObject(
+                f".metadata sets state on {getattr(target, '__qualname__', target)!r}, not on an object"
+            )
+        super().load_build()
+
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: load_build}
 
 
 class _DataOnlyReader(dcp.FileSystemReader):
