@@ -490,3 +490,44 @@ def test_a_later_global_batch_with_nothing_to_learn_is_skipped_and_counted(tmp_p
     out = run_ranks(train_with_an_empty_second_batch, 1, str(tmp_path / "run"), str(model_folder(tmp_path)))[0]
     assert out["changed"] == [True, False, True]  # no update (and no weight decay) on the empty step
     assert out["empty_skips"] == 1 and out["lr_steps"] == 2
+
+
+# -- a template is data: bounded in time and size ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "template, reason",
+    [
+        ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "it ran longer than 1 s"),
+        ("{{ 'a' * 300000000 }}", "a repetition of 300,000,000 items"),
+        ("{% for i in range(100000) %}{{ 'abcdefghijk' }}{% endfor %}", "it rendered more than 1,000,000 characters"),
+        ("{{ 2 ** 100000000 }}", "an exponent of 100000000"),
+        ("{% include 'other.jinja' %}", "no loader for this environment specified"),
+        ("{{ ''.__class__.__mro__ }}", "chat template failed: "),
+    ],
+    ids=["nested loops", "huge repetition", "long output", "huge power", "include", "dunder access"],
+)
+def test_a_hostile_template_is_refused_in_one_line_within_its_limits(monkeypatch, template, reason):
+    import time
+
+    from ladder_train.data import chat
+    from ladder_train.errors import InputError
+
+    monkeypatch.setattr(chat, "MAX_RENDER_SECONDS", 1.0)
+    started = time.monotonic()
+    with pytest.raises(InputError) as caught:
+        chat.ChatTemplate("model/tokenizer_config.json", template).render([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - started < 5
+    line = str(caught.value)
+    assert line.startswith("model/tokenizer_config.json: chat template ") and reason in line and "\n" not in line
+
+
+def test_an_ordinary_template_still_renders_and_the_alarm_is_left_as_it_was():
+    import signal
+
+    from ladder_train.data.chat import ChatTemplate
+
+    before = signal.getsignal(signal.SIGALRM)
+    text = ChatTemplate("t", CHATML).render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL)[0] == 0
