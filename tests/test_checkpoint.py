@@ -619,7 +619,7 @@ def test_standard_export_matches_llama_logits(tmp_path):
 
 def test_export_of_a_missing_folder_says_so(tmp_path, export):
     result = export(tmp_path / "runs" / "x" / "checkpoints" / "step-9", tmp_path / "out")
-    assert result.returncode == 1
+    assert result.returncode == 2  # a path the user typed: bad input
     assert result.stderr.splitlines() == [
         f"ladder-export: error: {tmp_path / 'runs' / 'x' / 'checkpoints' / 'step-9'}: no such folder"
     ]

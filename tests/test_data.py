@@ -411,3 +411,12 @@ def test_data_notes_come_from_rank_zero_once(tmp_path, monkeypatch, caplog):
             load_tokenizer(cfg.tokenizer)
         corpus = [r for r in caplog.records if r.getMessage().startswith(f"data: corpus = local {source}")]
         assert len(corpus) == expected, (rank, [r.getMessage() for r in caplog.records])
+
+
+def test_a_document_whose_text_is_a_number_is_one_line_naming_file_and_line(tmp_path):
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"text": "hello there"}\n{"text": "more words"}\n{"text": 5}\n')
+    cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=4)
+    with pytest.raises(DataError) as caught:
+        list(build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0, cycle=False))
+    assert str(caught.value) == f"{source}: line 3: 'text' is a int, not text (data.text_column)"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import math
+from pathlib import Path
 
 from ..errors import InputError
 from ..model.transformer import ModelArgs
@@ -47,3 +50,45 @@ def model_overrides(items: list[str]) -> dict:
         except (KeyError, ValueError):
             raise InputError(f"--set {item!r}: {key} takes {kind.replace(' | None', ' or none')}") from None
     return out
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, ``PROG: error: ...``, exit 2, like every other bad input."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _number(kind, low, inclusive: bool, words: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (value == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"expected {words}, got {text!r}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, 1, True, "an integer >= 1")
+non_negative_int = _number(int, 0, True, "an integer >= 0")
+non_negative_float = _number(float, 0.0, True, "a finite number >= 0")
+
+
+def utf8_text(text: str) -> str:
+    """Text from the command line that is valid UTF-8 (undecodable bytes arrive as surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("is not valid UTF-8 text") from None
+    return text
+
+
+def new_output_folder(text: str) -> Path:
+    """An output folder: it may exist as a folder, not as a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder")
+    return path

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 
 from ..bench import runner
-from .args import int_list, model_overrides, names
+from .args import Parser, int_list, model_overrides, names, non_negative_int, positive_int
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ladder-bench", description=runner.__doc__.split("\n\n")[0])
+    p = Parser(prog="ladder-bench", description=runner.__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
         required=True,
@@ -19,9 +19,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="ModelArgs overrides of a preset")
     p.add_argument("--layouts", default="standard,parallel,ladder", help="for presets; a saved model has its own")
     p.add_argument("--batch-sizes", default="1,4,16,64")
-    p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--prompt-len", type=positive_int, default=1024)
     p.add_argument("--gen-len", type=int, default=512)
-    p.add_argument("--tp", type=int, default=None, help="TP degree; under torchrun the world size")
+    p.add_argument("--tp", type=positive_int, default=None, help="TP degree; under torchrun the world size")
     p.add_argument(
         "--link-latency-ms",
         type=float,
@@ -32,8 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--link-bandwidth-gbs", type=float, default=None, help="emulated link bandwidth in GB/s (default: infinite)"
     )
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--runs", type=positive_int, default=3)
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="auto: on with CUDA")
     p.add_argument(
         "--compile-backend", default="inductor", help="torch.compile backend (inductor; aot_eager compiles faster)"

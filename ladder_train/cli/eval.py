@@ -3,11 +3,11 @@ text. Input is checked before the weights are loaded; bad input exits with one l
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from ..evaluation.adapter import EvalError
 from ..evaluation.task_registry import LOCAL_TASKS, PAPER_TASKS
+from .args import Parser, positive_int
 
 DESCRIPTION = f"""Evaluate a Hugging Face Llama folder (an export written by ladder-export, or a pretrained Llama) on
 lm-eval tasks and/or held-out perplexity, or a training checkpoint (RUN_DIR/checkpoints/step-N, read directly,
@@ -16,32 +16,50 @@ with the run's tokenizer). Tasks: lm-eval built-in names (data downloaded from t
 over local copies (--local-data DIR, the layout of ../shared/eval)."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ladder-eval", description=DESCRIPTION)
+def _parser() -> Parser:
+    parser = Parser(prog="ladder-eval", description=DESCRIPTION)
     parser.add_argument(
         "model_dir", help="a Hugging Face Llama folder (config.json + safetensors) or a training checkpoint"
     )
     parser.add_argument("--tasks", help="comma-separated task names (default: the paper's, unless --val-data alone)")
     parser.add_argument("--include-path", help="a folder of your own lm-eval task YAMLs (read offline)")
     parser.add_argument("--local-data", help="a folder with local eval sets for the *_local tasks")
-    parser.add_argument("--limit", type=int, help="rows per task (quick checks); default: all")
+    parser.add_argument("--limit", type=positive_int, help="rows per task (quick checks); default: all")
     parser.add_argument("--tokenizer", help="tokenizer.json path or hub name (default: MODEL_DIR/tokenizer.json)")
     parser.add_argument(
         "--out", help="results JSON (default: MODEL_DIR/eval/results.json; RUN_DIR/eval/step-N.json for a checkpoint)"
     )
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-length", type=int, help="context length for scoring (default: the model's)")
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    parser.add_argument("--max-length", type=positive_int, help="context length for scoring (default: the model's)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     parser.add_argument(
         "--val-data", help="held-out text (parquet/jsonl/txt file or folder): report loss and perplexity"
     )
-    parser.add_argument("--val-seq-len", type=int, default=2048, help="tokens per validation window")
-    parser.add_argument("--val-batches", type=int, default=20, help="validation batches (of --batch-size windows)")
+    parser.add_argument("--val-seq-len", type=positive_int, default=2048, help="tokens per validation window")
+    parser.add_argument(
+        "--val-batches", type=positive_int, default=20, help="validation batches (of --batch-size windows)"
+    )
     return parser
 
 
-def run(argv: list[str]) -> int:
+def _device(name: str | None):
+    """--device as a torch.device, refused in one line when this machine has no such device."""
     import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise EvalError(f"--device {name!r}: not a device name (cpu, cuda, cuda:1 ...)") from None
+    if device.type == "cuda" and not (torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()):
+        raise EvalError(f"--device {name}: no such CUDA device on this machine ({torch.cuda.device_count()} visible)")
+    if device.type not in ("cpu", "cuda"):
+        raise EvalError(f"--device {name}: ladder-eval runs on cpu or cuda")
+    return device
+
+
+def run(argv: list[str]) -> int:
 
     from ..evaluation.harness import evaluate
     from ..evaluation.perplexity import held_out_batches, perplexity, validation_loss
@@ -55,7 +73,7 @@ def run(argv: list[str]) -> int:
         tasks = [] if args.val_data else list(PAPER_TASKS)
     if args.val_data and not Path(args.val_data).exists():
         raise EvalError(f"--val-data {args.val_data} does not exist")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(args.device)
     model = saved.load(device)
     out = Path(args.out) if args.out else saved.default_results_path()
     if tasks:

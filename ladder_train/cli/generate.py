@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-
 from ..dtypes import DTYPES
+from .args import Parser, positive_int, utf8_text
 
 DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama
 folder or export (tokenizer: its tokenizer.json) or a training checkpoint RUN_DIR/checkpoints/step-N (tokenizer: the
@@ -15,13 +14,13 @@ eos_token_id of MODEL/generation_config.json, else of MODEL/config.json, else <|
 (each rank loads only its shard; rank 0 prints)."""
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ladder-generate", description=DESCRIPTION)
+def parser() -> Parser:
+    p = Parser(prog="ladder-generate", description=DESCRIPTION)
     p.add_argument("model", help="a Hugging Face Llama folder, an export or RUN_DIR/checkpoints/step-N")
-    p.add_argument("--prompt", required=True, help="the text to complete")
+    p.add_argument("--prompt", required=True, type=utf8_text, help="the text to complete")
     p.add_argument("--max-new-tokens", type=int, default=64, help="at most this many new tokens (default 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy; above 0: sample")
-    p.add_argument("--top-k", type=int, help="with --temperature > 0: sample among the K most likely tokens")
+    p.add_argument("--top-k", type=positive_int, help="with --temperature > 0: sample among the K most likely tokens")
     p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default 0)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as one user message in MODEL's chat template")
     p.add_argument("--tokenizer", help="tokenizer.json path or hub name (default: MODEL's, see above)")

@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 
 from ..errors import InputError
-from .args import int_list, model_overrides, names
+from .args import Parser, int_list, model_overrides, names, non_negative_float, non_negative_int, positive_int
 
 PROG = "ladder-predict"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
         default="llama-70b",
@@ -41,15 +41,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--tp", default="8", help="TP degree(s), comma-separated; above the GPUs of a node the inter-node link joins"
     )
     p.add_argument("--batch-sizes", default="1,4,16,64")
-    p.add_argument("--prompt-len", type=int, default=1024)
-    p.add_argument("--gen-len", type=int, default=512)
+    p.add_argument("--prompt-len", type=positive_int, default=1024)
+    p.add_argument("--gen-len", type=positive_int, default=512)
     p.add_argument("--layouts", default="standard,parallel,ladder")
-    p.add_argument("--ladder-layers", type=int, default=None, help="hybrid: only the last N layers are ladder")
+    p.add_argument(
+        "--ladder-layers", type=non_negative_int, default=None, help="hybrid: only the last N layers are ladder"
+    )
     p.add_argument(
         "--set", nargs="*", default=[], metavar="FIELD=VALUE", help="shape overrides, as ladder-bench's --set"
     )
     p.add_argument("--profile", default=None, help="a YAML file of profiles, added to (or replacing) the shipped ones")
-    p.add_argument("--link-latency-ms", type=float, default=None, help="with --link emulated: ladder-bench's X")
+    p.add_argument(
+        "--link-latency-ms", type=non_negative_float, default=None, help="with --link emulated: ladder-bench's X"
+    )
     p.add_argument(
         "--link-bandwidth-gbs", type=float, default=None, help="with --link emulated: its B (default infinite)"
     )
@@ -71,9 +75,9 @@ def calibrate(argv: list[str]) -> int:
     """``ladder-predict calibrate``."""
     from ..predict import calibrate as calibration
 
-    p = argparse.ArgumentParser(prog=calibration.PROG, description=calibration.__doc__.split("\n\n")[0])
+    p = Parser(prog=calibration.PROG, description=calibration.__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="YAML file to write (use it with ladder-predict --profile FILE)")
-    p.add_argument("--reps", type=int, default=5, help="repetitions per measurement (medians)")
+    p.add_argument("--reps", type=positive_int, default=5, help="repetitions per measurement (medians)")
     opts = p.parse_args(argv)
     calibration.calibrate(opts.out, opts.reps)
     return 0
@@ -83,9 +87,9 @@ def validate(argv: list[str]) -> int:
     """``ladder-predict validate``."""
     from ..predict import validation
 
-    p = argparse.ArgumentParser(prog=validation.PROG, description=validation.__doc__.split("\n\n")[0])
+    p = Parser(prog=validation.PROG, description=validation.__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", required=True, help="writes cpu.yaml, bench.jsonl and compare.txt here")
-    p.add_argument("--runs", type=int, default=3, help="ladder-bench measured runs per case (medians)")
+    p.add_argument("--runs", type=positive_int, default=3, help="ladder-bench measured runs per case (medians)")
     p.add_argument("--cases", default=",".join(validation.CASES), help=f"a subset of {', '.join(validation.CASES)}")
     p.add_argument("--skip-calibrate", action="store_true", help="reuse OUT_DIR/cpu.yaml")
     p.add_argument("--skip-bench", action="store_true", help="reuse OUT_DIR/bench.jsonl (compare only)")

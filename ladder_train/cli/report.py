@@ -7,12 +7,11 @@ from pathlib import Path
 
 from ..report import __doc__ as REPORT_DOC
 from ..report import write_report
+from .args import Parser, new_output_folder
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="ladder-report", description=REPORT_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = Parser(prog="ladder-report", description=REPORT_DOC, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "runs",
         nargs="*",
@@ -29,7 +28,7 @@ def run(argv: list[str]) -> int:
         help="flag paired intervals whose half-width is at least this (e.g. 0.01 nats): too wide to resolve it",
     )
     parser.add_argument("--bench", action="append", type=Path, default=[], help="ladder-bench JSON lines (repeatable)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=new_output_folder, required=True)
     args = parser.parse_args(argv)
     if not args.runs and not args.bench:
         parser.error("give run folders, --bench files, or both")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from ..config import load_config, model_args, to_yaml
+from .args import Parser, non_negative_float, positive_int
 
 
-def _config_parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog)
+def _config_parser(prog: str) -> Parser:
+    parser = Parser(prog=prog)
     parser.add_argument("--config", help="a recipe YAML (recipes/*.yaml)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.n_layers=4")
     return parser
@@ -84,13 +85,16 @@ def cmd_demo(argv: list[str]) -> int:
     from ..demo import __doc__ as demo_doc
     from ..demo import run_demo
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="ladder-train demo", description=demo_doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=Path("runs/demo"))
-    parser.add_argument("--steps", type=int, default=300, help="training steps per layout")
+    parser.add_argument("--steps", type=positive_int, default=300, help="training steps per layout")
     parser.add_argument(
-        "--link-latency-ms", type=float, default=1.0, help="the emulated all-reduce latency of the TP benchmark"
+        "--link-latency-ms",
+        type=non_negative_float,
+        default=1.0,
+        help="the emulated all-reduce latency of the TP benchmark",
     )
     args = parser.parse_args(argv)
     started = time.time()

@@ -138,6 +138,10 @@ class PackedWindows(torch.utils.data.IterableDataset):
         """The documents' ids, each followed by <|endoftext|>, as one int32 array."""
         if any(text is None for text in texts):
             raise DataError(f"{self.source_name}: a document has no '{self.text_column}' value (null)")
+        if not all(isinstance(text, (str, list)) for text in texts):  # a number where the text should be
+            odd = next(text for text in texts if not isinstance(text, (str, list)))
+            err = TypeError(f"'{self.text_column}' holds a {type(odd).__name__}, not text")
+            raise DataError(self.describe_read_error(err) if self.describe_read_error else f"{self.source_name}: {err}")
         if isinstance(texts[0], str):
             ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
         else:  # pre-tokenized documents (data/prepare.py): a column of token id lists

@@ -123,6 +123,9 @@ def first_bad_record(files: list[Path], text_column: str) -> str | None:
                 return f"{path}: line {number} is not JSON ({record.msg.removesuffix(' at')} at column {record.colno}); expected one JSON object per line"
             if not isinstance(record, dict) or text_column not in record:
                 return f"{path}: line {number} has no '{text_column}' key (data.text_column)"
+            if not isinstance(record[text_column], (str, list)):
+                kind = type(record[text_column]).__name__
+                return f"{path}: line {number}: '{text_column}' is a {kind}, not text (data.text_column)"
     return None
 
 

@@ -18,6 +18,7 @@ The end of this file completes one prompt with a saved model: what ``ladder-gene
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -231,7 +232,7 @@ def prepare(args, world: int):
 
     if args.max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
+    if not math.isfinite(args.temperature) or args.temperature < 0:
         raise InputError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
     if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
         raise InputError(f"--top-k {args.top_k}: needs --temperature > 0 and K >= 1 (it samples among K tokens)")

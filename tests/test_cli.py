@@ -1,0 +1,118 @@
+"""Every console script, fed bad input: exit 2 and one line, ``PROG: error: ...``, naming the culprit, before any
+work. The table covers each script pyproject.toml installs, so a new command cannot slip past it."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import torch
+from dist_utils import save_training_checkpoint
+
+import ladder_train.cli as cli
+from ladder_train.data import byte_tokenizer
+from ladder_train.model import ModelArgs, Transformer
+from ladder_train.model.hf_format import save_export
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "recipes" / "smoke.yaml")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    model = Transformer(ModelArgs(vocab_size=257, dim=32, n_layers=2, n_heads=4, ffn_dim=64, max_seq_len=64))
+    folder = save_export(model, root / "model")
+    byte_tokenizer().save(str(folder / "tokenizer.json"))
+    checkpoint = save_training_checkpoint(model, root / "run")
+    (root / "file.txt").write_text("not a folder\n")
+    (root / "not_a_run").mkdir()
+    return {"model": folder, "checkpoint": checkpoint, "file": root / "file.txt", "root": root}
+
+
+# (console script, argv with {placeholders}, what the one line must name)
+BAD_INPUT = [
+    ("ladder-train", ["--config", "{root}/missing.yaml"], "recipe not found: {root}/missing.yaml"),
+    ("ladder-train", ["--config", SMOKE, "train.max_steps=0"], "key 'train.max_steps' must be at least 1"),
+    ("ladder-train", ["--config", SMOKE, "model.n_heads=5"], "key 'model.n_heads'=5 does not divide model.dim=64"),
+    ("ladder-train", ["--config", SMOKE, "--bogus"], "unrecognized arguments: --bogus"),
+    ("ladder-train", ["show", "--config", SMOKE, "modle.dim=3"], "unknown key 'modle' (did you mean 'model'?)"),
+    ("ladder-train", ["study", "--config", SMOKE, "run.dir=a,b"], "run.dir names the study's one folder"),
+    ("ladder-train", ["demo", "--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+    ("ladder-bench", ["--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
+    ("ladder-bench", ["--tp", "-2"], "argument --tp: expected an integer >= 1, got '-2'"),
+    ("ladder-bench", ["--model", "{root}/nowhere", "--tp", "1"], "{root}/nowhere"),
+    (
+        "ladder-bench",
+        ["--model", "tiny", "--batch-sizes", "0", "--tp", "1"],
+        "--batch-sizes must list positive integers",
+    ),
+    ("ladder-eval", ["{root}/nowhere"], "{root}/nowhere"),
+    ("ladder-eval", ["{model}", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got '0'"),
+    (
+        "ladder-eval",
+        ["{model}", "--device", "cuda:7", "--tasks", "arc_easy_local"],
+        "--device cuda:7: no such CUDA device",
+    ),
+    ("ladder-export", ["{checkpoint}", "{checkpoint}"], "is inside the checkpoint"),
+    ("ladder-export", ["{checkpoint}", "{checkpoint}/export"], "is inside the checkpoint"),
+    ("ladder-export", ["{checkpoint}", "{file}"], "{file} exists and is not a folder"),
+    ("ladder-export", ["{root}/nowhere", "{root}/out"], "{root}/nowhere"),
+    ("ladder-report", ["--out", "{root}/report"], "give run folders, --bench files, or both"),
+    ("ladder-report", ["{root}/not_a_run", "--out", "{root}/report"], "{root}/not_a_run: not a run folder"),
+    ("ladder-report", ["{root}/not_a_run", "--out", "{file}"], "{file} exists and is not a folder"),
+    ("ladder-predict", ["--model", "nope"], "nope"),
+    ("ladder-predict", ["--gpu", "tpu"], "tpu"),
+    ("ladder-predict", ["--prompt-len", "0"], "argument --prompt-len: expected an integer >= 1, got '0'"),
+    (
+        "ladder-predict",
+        ["calibrate", "--out", "{root}/cpu.yaml", "--reps", "0"],
+        "argument --reps: expected an integer >= 1",
+    ),
+    (
+        "ladder-generate",
+        ["{model}", "--prompt", "x", "--temperature", "nan"],
+        "--temperature must be 0 (greedy) or positive",
+    ),
+    (
+        "ladder-generate",
+        ["{model}", "--prompt", "x", "--top-k", "0"],
+        "argument --top-k: expected an integer >= 1, got '0'",
+    ),
+    ("ladder-generate", ["{model}", "--prompt", "caf\udce9"], "argument --prompt: is not valid UTF-8 text"),
+    ("ladder-generate", ["{root}/nowhere", "--prompt", "x"], "{root}/nowhere"),
+]
+ENTRIES = {
+    "ladder-train": cli.main,
+    "ladder-bench": cli.ladder_bench,
+    "ladder-eval": cli.ladder_eval,
+    "ladder-export": cli.ladder_export,
+    "ladder-report": cli.ladder_report,
+    "ladder-predict": cli.ladder_predict,
+    "ladder-generate": cli.ladder_generate,
+}
+
+
+def test_the_table_covers_every_installed_console_script():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == set(ENTRIES) == {prog for prog, _, _ in BAD_INPUT}
+    for prog, target in scripts.items():
+        assert getattr(cli, target.split(":")[1]) is ENTRIES[prog]
+
+
+@pytest.mark.parametrize("prog, argv, named", BAD_INPUT, ids=[f"{p} {' '.join(a)}"[:60] for p, a, _ in BAD_INPUT])
+def test_bad_input_is_exit_2_and_one_line_naming_it(inputs, capsys, monkeypatch, prog, argv, named):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fill = {key: str(value) for key, value in inputs.items()}
+    argv = [arg.format(**fill) for arg in argv]
+    capsys.readouterr()
+    try:
+        status = ENTRIES[prog](argv)
+    except SystemExit as exited:  # argparse's usage errors
+        status = exited.code
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(prog) and ": error: " in lines[0], err
+    assert named.format(**fill) in lines[0]
