@@ -5,14 +5,16 @@ A source is a preset name (random weights), a Hugging Face Llama folder (``confi
 or its shards: what ladder-export writes, or any pretrained Llama) or a training checkpoint
 (``RUN_DIR/checkpoints/step-N``, DCP). Training, the
 eval hook, ladder-export, ladder-eval, ladder-bench and ``ladder_train.load_model`` all load through here.
-Checkpoints and exports are data: nothing here runs code from them (docs/design.md, "Checkpoints").
+Checkpoints and exports are data: nothing here runs code from them (docs/design.md, "Checkpoints"), and nothing is
+built from them unchecked: ``resolve_source``, which every path goes through, checks the shape a config.json or a
+checkpoint's trainer entry gives (``model/validate.py``) and a folder's weights against it (names, whole shapes,
+dtypes, index entries: ``hf_format.export_tensors``) before any weight is read; a crafted folder is one line, exit 2.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,10 +25,11 @@ from .checkpoint.files import COMPLETE_MARKER, first_line, verify_checkpoint
 from .checkpoint.safe_load import load_dcp, read_trainer_state
 from .errors import InputError
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
-from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensor_names, weight_files
+from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensors
 from .model.presets import PRESETS
 from .model.tp_sharding import check_tp_degree, shard_dim, shard_slice
 from .model.transformer import rope_tables
+from .model.validate import check_model_fields, read_json_object
 
 SOURCE_KINDS = ("preset", "export", "checkpoint")
 FOLDER_KINDS = ("export", "checkpoint", "incomplete checkpoint")
@@ -55,16 +58,19 @@ def run_config_path(checkpoint: str | Path) -> Path:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """What a source names: its kind, the model's shape and, for saved models, the folder."""
+    """What a source names: its kind, the model's shape and, for saved models, the folder; for an export, where
+    each parameter is (``hf_format.export_tensors``: checked against the config before any weight is read)."""
 
     kind: str
     args: ModelArgs
     path: Path | None = None
+    tensors: dict[str, tuple[Path, str]] | None = field(default=None, compare=False, repr=False)
 
 
 def resolve_source(source: str | Path, **overrides) -> ModelSource:
     """The kind and ModelArgs of a preset name (``overrides`` set its fields), an export folder or a training
-    checkpoint. Reads only the config: no weights. Raises InputError (one line) for anything else."""
+    checkpoint. Reads only the config and the weights' headers, and checks them (model/validate.py): a crafted
+    or ill-formed folder raises InputError (one line naming the file and the field), as does anything else."""
     if str(source) in PRESETS:
         return ModelSource("preset", preset_args(str(source), **overrides))
     path = Path(source)
@@ -80,13 +86,25 @@ def resolve_source(source: str | Path, **overrides) -> ModelSource:
         raise InputError(f"{path}: field overrides apply to presets only, not to {kind}s")
     if kind == "export":
         config_path = path / "config.json"
+        config = read_json_object(config_path)
         try:
-            return ModelSource(kind, args_from_hf_config(json.loads(config_path.read_text())), path)
+            args = args_from_hf_config(config)
         except KeyError as err:
             raise InputError(f"{config_path}: missing key {err}") from None
-        except InputError as err:  # an unsupported field, named
+        except InputError as err:  # an unsupported or ill-formed field, named
             raise InputError(f"{config_path}: {err}") from None
-    return ModelSource(kind, ModelArgs(**read_trainer_state(path)["model_args"]), path)
+        return ModelSource(kind, args, path, export_tensors(path, args))
+    return ModelSource(kind, checkpoint_args(path), path)
+
+
+def checkpoint_args(path: Path) -> ModelArgs:
+    """The model shape a training checkpoint's trainer entry gives, checked field by field before anything is
+    built from it (a crafted entry: InputError naming the field; an unreadable one stays a CheckpointError)."""
+    state = read_trainer_state(path)
+    where = f"{path}: the trainer entry"
+    if not isinstance(state, dict) or "model_args" not in state:
+        raise InputError(f"{where} has no model_args (the model's shape)")
+    return check_model_fields(state["model_args"], where, prefix="model_args.")
 
 
 def materialize(model: Transformer, device: str | torch.device) -> Transformer:
@@ -110,7 +128,7 @@ def model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu", 
     path = Path(path)
     if verify:
         verify_checkpoint(path, no_dist=True)
-    model = materialize(build_on_meta(ModelArgs(**read_trainer_state(path)["model_args"])), device)
+    model = materialize(build_on_meta(checkpoint_args(path)), device)
     state = {"model": model.state_dict()}
     load_dcp(state, path, no_dist=True)
     model.load_state_dict(state["model"])
@@ -131,7 +149,7 @@ def load_model(
             with torch.device(device):
                 model = Transformer(found.args)
         else:
-            read, names = _export_reader(found.path, found.args.tie_embeddings)
+            read, names = _export_reader(found)
             try:
                 model = model_from_state(found.args, {name: read(name, None) for name in names}, device)
             except RuntimeError as err:  # load_state_dict: names or shapes differ from config.json
@@ -142,25 +160,21 @@ def load_model(
 # one tensor-parallel rank's shard --------------------------------------------------------------------
 
 
-def _export_reader(path: Path, tie_embeddings: bool):
-    """Reads a tensor, or one rank's slice of it, straight from the folder's safetensors file(s): nothing else is
-    loaded, and each shard file is opened once, when first needed."""
+def _export_reader(found: ModelSource):
+    """Reads a tensor, or one rank's slice of it, straight from the folder's safetensors file(s) (names and shapes
+    checked by ``resolve_source``): nothing else is loaded, and each shard file is opened once, when first needed."""
     from safetensors import safe_open
 
-    files = weight_files(path)
-    names = export_tensor_names(files, tie_embeddings)
     handles = {}
 
     def read(name: str, index: tuple[slice, ...] | None) -> torch.Tensor:
-        if name not in names:
-            raise InputError(f"{path}: missing parameter {names.get(name, name)}")
-        file = files[names[name]]
+        file, file_name = found.tensors[name]
         if file not in handles:
             handles[file] = safe_open(file, framework="pt")
         handle = handles[file]
-        return handle.get_slice(names[name])[index] if index else handle.get_tensor(names[name])
+        return handle.get_slice(file_name)[index] if index else handle.get_tensor(file_name)
 
-    return read, set(names)
+    return read, set(found.tensors)
 
 
 def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: int, device, group):
@@ -214,10 +228,7 @@ def load_tp_model(
     if found.kind == "checkpoint":
         shards = _checkpoint_reader(found.path, model, tp_rank, tp_size, device, group or dist.group.WORLD)
     elif found.kind == "export":
-        read, available = _export_reader(found.path, args.tie_embeddings)
-        expected = {name for name, _ in model.named_parameters()}
-        if available != expected:
-            raise InputError(f"{source}: parameters differ from config.json: {sorted(available ^ expected)[:4]}")
+        read, _ = _export_reader(found)  # names and whole shapes checked against config.json: slices fit
     else:
         torch.manual_seed(seed)
     for name, param in list(model.named_parameters()):
@@ -290,7 +301,7 @@ def load_initial_weights(model: nn.Module, found: ModelSource) -> None:
         load_dcp({"model": state}, found.path, verify=True)
         set_model_state_dict(model, state)
         return
-    read, available = _export_reader(found.path, found.args.tie_embeddings)
+    read, available = _export_reader(found)
     if available != set(state):
         raise InputError(f"{found.path}: parameters differ from the model's: {sorted(available ^ set(state))[:4]}")
     for name, param in state.items():

@@ -46,6 +46,7 @@ def _read_config(model_dir: Path) -> tuple[str, dict]:
         verify_checkpoint(model_dir, no_dist=True)  # a damaged checkpoint is named before anything else is read
         return kind, hf_config(resolve_source(model_dir).args)
     if kind == "export":
+        resolve_source(model_dir)  # config.json and the weights' headers checked first (one line, exit 2)
         return kind, json.loads((model_dir / "config.json").read_text())
     if not (model_dir / "config.json").is_file():
         raise EvalError(f"{model_dir}: not a model folder (missing config.json) nor a complete training checkpoint")

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from .transformer import RESIDUAL_LAYOUTS, ROPE_SCALING_KEYS, ModelArgs, Transformer
+from .transformer import ROPE_SCALING_KEYS, ModelArgs, Transformer, build_on_meta
+from .validate import check_model_fields, read_json_object
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file
@@ -52,7 +53,6 @@ HF_SIZE_KEYS = {
     "intermediate_size": "ffn_dim",
 }
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
-_HF_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
 def to_hf_name(name: str) -> str:
@@ -62,23 +62,6 @@ def to_hf_name(name: str) -> str:
     if not match or match.group(2) not in _LAYER_NAMES:
         raise KeyError(f"no Hugging Face name for parameter {name!r}")
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
-
-
-def export_tensor_names(hf_names, tie_embeddings: bool) -> dict[str, str]:
-    """Our parameter name -> the file's name, for every tensor of a folder. A tied model's ``lm_head.weight``,
-    which some tied checkpoints store anyway, is the embedding and is not read."""
-    return {from_hf_name(k): k for k in hf_names if not (tie_embeddings and k == "lm_head.weight")}
-
-
-def from_hf_name(name: str) -> str:
-    for ours, theirs in _TOP_NAMES.items():
-        if name == theirs:
-            return ours
-    match = _HF_LAYER_RE.match(name)
-    inverse = {v: k for k, v in _LAYER_NAMES.items()}
-    if not match or match.group(2) not in inverse:
-        raise KeyError(f"unexpected parameter {name!r} in the export")
-    return f"layers.{match.group(1)}.{inverse[match.group(2)]}"
 
 
 def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32) -> dict:
@@ -121,25 +104,19 @@ def _refuse_unsupported(config: dict) -> None:
             raise InputError(f"{field}={config[field]}: biases are not supported (Llama has none)")
     if config.get("hidden_act", "silu") != "silu":
         raise InputError(f"hidden_act={config['hidden_act']!r}: only silu (SwiGLU) is supported")
-    head_dim = config.get("head_dim")
-    if head_dim is not None and head_dim * config["num_attention_heads"] != config["hidden_size"]:
-        raise InputError(f"head_dim={head_dim}: only hidden_size / num_attention_heads is supported")
     _rope(config)
-    if config.get("residual", "standard") not in RESIDUAL_LAYOUTS:
-        raise InputError(f"residual={config['residual']!r}: must be one of {', '.join(RESIDUAL_LAYOUTS)}")
 
 
 def _rope(config: dict) -> tuple[float, dict | None]:
     """(rope_theta, llama3 scaling or None) from either config form: ``rope_theta`` + ``rope_scaling`` (transformers
     4) or ``rope_parameters`` (transformers 5, theta inside)."""
-    if "rope_parameters" in config:
-        params = dict(config["rope_parameters"] or {})
-        theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
-        where = "rope_parameters"
-    else:
-        params = dict(config.get("rope_scaling") or {})
-        theta = config.get("rope_theta", 10000.0)
-        where = "rope_scaling"
+    where = "rope_parameters" if "rope_parameters" in config else "rope_scaling"
+    params = config.get(where) or {}
+    if not isinstance(params, dict):
+        raise InputError(f"{where}={params!r:.60}: must be an object or null")
+    params = dict(params)
+    theta = params.pop("rope_theta", config.get("rope_theta", 10000.0)) if where == "rope_parameters" else None
+    theta = config.get("rope_theta", 10000.0) if theta is None else theta
     rope_type = params.get("rope_type", params.get("type", "default" if not params else None))
     if rope_type == "default":
         return theta, None
@@ -151,36 +128,102 @@ def _rope(config: dict) -> tuple[float, dict | None]:
     return theta, {"rope_type": "llama3", **{k: params[k] for k in ROPE_SCALING_KEYS}}
 
 
+# ModelArgs field -> its config.json key, to name a bad value as the file does
+HF_FIELD_NAMES = {
+    **{ours: theirs for theirs, ours in HF_SIZE_KEYS.items()},
+    "max_seq_len": "max_position_embeddings",
+    "norm_eps": "rms_norm_eps",
+    "init_std": "initializer_range",
+    "tie_embeddings": "tie_word_embeddings",
+}
+
+
 def args_from_hf_config(config: dict) -> ModelArgs:
-    """The ModelArgs of a Llama config.json (raises InputError naming an unsupported field, KeyError for a
-    missing required one)."""
+    """The ModelArgs of a Llama config.json, every field checked (``validate.check_model_fields``): raises
+    InputError naming an unsupported or ill-formed field, KeyError for a missing required one."""
+    if not isinstance(config, dict):
+        raise InputError(f"not a JSON object (a {type(config).__name__})")
     _refuse_unsupported(config)
     theta, scaling = _rope(config)
     sizes = {ours: config[theirs] for theirs, ours in HF_SIZE_KEYS.items() if theirs != "num_key_value_heads"}
-    return ModelArgs(
+    fields = {
         **sizes,
-        n_kv_heads=config.get("num_key_value_heads"),
-        max_seq_len=config.get("max_position_embeddings", 2048),
-        rope_theta=theta,
-        norm_eps=config.get("rms_norm_eps", 1e-5),
-        init_std=config.get("initializer_range", 0.02),
-        residual=config.get("residual", "standard"),
-        ladder_layers=config.get("ladder_layers"),
-        tie_embeddings=config.get("tie_word_embeddings", False),  # transformers' LlamaConfig default
-        rope_scaling=scaling,
-    )
+        "n_kv_heads": config.get("num_key_value_heads"),
+        "max_seq_len": config.get("max_position_embeddings", 2048),
+        "rope_theta": theta,
+        "norm_eps": config.get("rms_norm_eps", 1e-5),
+        "init_std": config.get("initializer_range", 0.02),
+        "residual": config.get("residual", "standard"),
+        "ladder_layers": config.get("ladder_layers"),
+        "tie_embeddings": config.get("tie_word_embeddings", False),  # transformers' LlamaConfig default
+        "rope_scaling": scaling,
+    }
+    rope_key = "rope_parameters" if "rope_parameters" in config else "rope_scaling"
+    args = check_model_fields(fields, names={**HF_FIELD_NAMES, "rope_scaling": rope_key})
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim != args.head_dim:
+        raise InputError(f"head_dim={head_dim!r}: only hidden_size / num_attention_heads is supported")
+    return args
 
 
-def weight_files(path: Path) -> dict[str, Path]:
-    """HF tensor name -> the safetensors file holding it, for a single-file or a sharded folder."""
+def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor name -> (shape, dtype) from one safetensors header (no tensor is read), or one line naming the file."""
     from safetensors import safe_open
 
+    try:
+        with safe_open(file, framework="pt") as handle:
+            return {k: (tuple(handle.get_slice(k).get_shape()), handle.get_slice(k).get_dtype()) for k in handle.keys()}
+    except Exception as err:  # safetensors raises its own SafetensorError (and OSError) on a bad header
+        reason = str(err).splitlines()[0] if str(err) else repr(err)
+        raise InputError(f"{file}: not a readable safetensors file ({reason})") from None
+
+
+def _weight_map(path: Path) -> tuple[Path, dict[str, Path]]:
+    """(the file that lists the tensors, HF tensor name -> the safetensors file holding it), for a single-file or
+    a sharded folder. An index may name only plain files inside the folder (no separator, no ``..``) that exist."""
     index = path / INDEX_FILE
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / file for name, file in weight_map.items()}
-    with safe_open(path / WEIGHTS_FILE, framework="pt") as handle:
-        return dict.fromkeys(handle.keys(), path / WEIGHTS_FILE)
+    if not index.is_file():
+        return path / WEIGHTS_FILE, dict.fromkeys(_header(path / WEIGHTS_FILE), path / WEIGHTS_FILE)
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise InputError(f"{index}: weight_map must be an object of tensor name -> shard file name")
+    for shard in sorted(set(weight_map.values())):
+        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
+            raise InputError(f"{index}: shard {shard!r} is not a file name inside the folder")
+        if not (path / shard).is_file():
+            raise InputError(f"{index}: shard {shard!r} does not exist in {path}")
+    return index, {name: path / shard for name, shard in weight_map.items()}
+
+
+def export_tensors(path: Path, args: ModelArgs) -> dict[str, tuple[Path, str]]:
+    """Our parameter name -> (its safetensors file, the file's name for it), after checking the folder's weights
+    against ``args`` before any is read: every header parses, the tensor names are exactly those the config implies
+    (a tied model may also store ``lm_head.weight``, which is not read) and each has the shape the config implies,
+    whole (before any TP slice) and a floating-point dtype. Raises InputError, one line naming the file."""
+    listing, files = _weight_map(path)
+    expected = {to_hf_name(name): (name, tuple(p.shape)) for name, p in build_on_meta(args).named_parameters()}
+    ignored = {"lm_head.weight"} if args.tie_embeddings else set()
+    extra = sorted(set(files) - set(expected) - ignored)
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise InputError(f"{listing}: unexpected tensor {extra[0]}{more}: config.json implies no such weight")
+    missing = sorted(set(expected) - set(files))
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise InputError(f"{listing}: missing tensor {missing[0]}{more}, which config.json implies")
+    headers = {}
+    for hf_name, (_, shape) in expected.items():
+        file = files[hf_name]
+        if file not in headers:
+            headers[file] = _header(file)
+        if hf_name not in headers[file]:
+            raise InputError(f"{file}: no tensor {hf_name}, which {listing.name} places there")
+        found, dtype = headers[file][hf_name]
+        if found != shape:
+            raise InputError(f"{file}: tensor {hf_name} has shape {list(found)}, config.json implies {list(shape)}")
+        if not dtype.startswith(("F", "BF")):
+            raise InputError(f"{file}: tensor {hf_name} has dtype {dtype}, not floating point")
+    return {name: (files[hf_name], hf_name) for hf_name, (name, _) in expected.items()}
 
 
 def save_export(model: Transformer, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:

@@ -33,13 +33,22 @@ def seeds_section(groups: list[seed_groups.Group], out: Path) -> list[str]:
 
 def sweep_section(sweeps: list[analysis.Sweep], out: Path) -> list[str]:
     """Per layout: the validation loss at the sweep's horizon for each rate, and the rate chosen."""
-    rates = sorted({lr for sweep in sweeps for lr in sweep.losses})
+    rates = sorted({lr for sweep in sweeps for lr in (*sweep.losses, *sweep.unfinished)})
     header = ["layout", "horizon (step)", *(f"lr {lr:g}" for lr in rates), "best rate"]
     rows = []
     for sweep in sweeps:
-        cells = [f"{sweep.losses[lr]:.4f}" if lr in sweep.losses else "—" for lr in rates]
-        edge = " (on the sweep's edge: the optimum may lie outside)" if sweep.choice.at_edge else ""
-        rows.append([sweep.label, str(sweep.horizon_step), *cells, f"{sweep.choice.best:g}{edge}"])
+        cells = [
+            f"{sweep.losses[lr]:.4f}"
+            if lr in sweep.losses
+            else (f"running (step {sweep.unfinished[lr]})" if lr in sweep.unfinished else "—")
+            for lr in rates
+        ]
+        if sweep.choice is None:
+            best = "— (fewer than two rates at the horizon)"
+        else:
+            edge = " (on the sweep's edge: the optimum may lie outside)" if sweep.choice.at_edge else ""
+            best = f"{sweep.choice.best:g}{edge}"
+        rows.append([sweep.label, str(sweep.horizon_step), *cells, best])
     return [
         "Validation loss (nats/token) at the sweep's last step, the mean over its seeds; each layout's best rate is "
         "chosen here, on the sweep's runs, not on the runs compared below.",
@@ -87,7 +96,8 @@ def plot_sweeps(sweeps: list[analysis.Sweep], out: Path) -> Path:
     for i, sweep in enumerate(sweeps):
         rates = sorted(sweep.losses)
         ax.plot(rates, [sweep.losses[lr] for lr in rates], "o-", color=f"C{i}", label=sweep.label)
-        ax.plot([sweep.choice.best], [sweep.choice.loss], "*", color=f"C{i}", markersize=14)
+        if sweep.choice is not None:
+            ax.plot([sweep.choice.best], [sweep.choice.loss], "*", color=f"C{i}", markersize=14)
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel(f"validation loss at step {sweeps[0].horizon_step} (nats/token)")

@@ -36,12 +36,13 @@ class Sweep:
     label: str
     horizon_step: int
     losses: dict[float, float]
-    choice: RateChoice
+    choice: RateChoice | None  # None while fewer than two rates have reached the horizon
+    unfinished: dict[float, int]  # rates whose runs have not reached the horizon yet: their last validated step
 
 
 def sweeps(groups: list[Group]) -> list[Sweep]:
-    """Groups that differ only in the learning rate, each with its best rate. The horizon is the sweep runs' last
-    validation step, the same for every rate (a sweep whose runs stopped at different steps is refused)."""
+    """Groups that differ only in the learning rate, each with its best rate. The horizon is the last validation
+    step the sweep's runs reach; a rate whose runs stop short of it (still running) is listed, not chosen."""
     families: dict[tuple, list[Group]] = {}
     for group in groups:
         flat = _flat_config(group.runs[0].config)
@@ -54,12 +55,17 @@ def sweeps(groups: list[Group]) -> list[Sweep]:
             swept[key] = rates
     found = []
     for key, rates in swept.items():
-        steps = {run.val[-1]["step"] for group in rates.values() for run in group.runs}
-        if len(steps) > 1:
-            raise ValueError(f"{key}: the sweep's runs end at different steps {sorted(steps)}")
-        losses = {lr: statistics.fmean(final_val_loss(run) for run in g.runs) for lr, g in rates.items()}
+        horizon = max(run.val[-1]["step"] for group in rates.values() for run in group.runs)
+        losses, unfinished = {}, {}
+        for lr, group in rates.items():
+            done = [run for run in group.runs if run.val[-1]["step"] == horizon]
+            if done:
+                losses[lr] = statistics.fmean(final_val_loss(run) for run in done)
+            else:  # a run still going (or cut off): shown, not chosen
+                unfinished[lr] = max(run.val[-1]["step"] for run in group.runs)
         label = dict(key)["model.residual"] + _family_suffix(key, list(swept))
-        found.append(Sweep(label, steps.pop(), losses, best_rate(losses)))
+        choice = best_rate(losses) if len(losses) >= 2 else None
+        found.append(Sweep(label, horizon, losses, choice, unfinished))
     return found
 
 
