@@ -258,3 +258,26 @@ def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][3] == "+0.2333"
     assert report_main([str(study_dir), "--out", str(tmp_path / "o2"), "--baseline", "nope"]) == 2
     assert "--baseline 'nope': no group of seeds has that label" in capsys.readouterr().err
+
+
+def test_collect_copies_the_finished_points_small_results_and_nothing_else(tmp_path, capsys):
+    study = tmp_path / "s"
+    argv = ["study", "--config", SMOKE, "model.residual=standard,ladder", f"run.dir={study}"]
+    done, running = study / "model.residual=standard", study / "model.residual=ladder"
+    for run in (done, running):
+        (run / "checkpoints" / "step-4").mkdir(parents=True)
+        (run / "checkpoints" / "step-4" / "model.distcp").write_bytes(b"weights")
+        (run / "config.yaml").write_text("run: {}\n")
+        (run / "metrics.jsonl").write_text('{"step": 4, "loss": 1.0}\n')
+    (done / "summary.json").write_text('{"finished": true, "step": 4}\n')
+    (done / "eval").mkdir()
+    (done / "eval" / "step-4.json").write_text('{"summary": {}}\n')
+    assert cli_main([*argv, "--collect", str(tmp_path / "data")]) == 0
+    assert capsys.readouterr().out.strip() == f"study {study}: 1 of 2 points finished, copied to {tmp_path / 'data'}"
+    copied = sorted(p.relative_to(tmp_path / "data").as_posix() for p in (tmp_path / "data").rglob("*") if p.is_file())
+    assert copied == [
+        "model.residual=standard/config.yaml",
+        "model.residual=standard/eval/step-4.json",
+        "model.residual=standard/metrics.jsonl",
+        "model.residual=standard/summary.json",
+    ]

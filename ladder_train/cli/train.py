@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import load_config, model_args, to_yaml
-from .args import Parser, non_negative_float, positive_int
+from .args import Parser, new_output_folder, non_negative_float, positive_int
 
 
 def _config_parser(prog: str) -> Parser:
@@ -116,10 +116,18 @@ def cmd_study(argv: list[str]) -> int:
     parser.add_argument(
         "--point", type=int, default=None, metavar="I", help="print point I's trainer overrides (slurm/study.sh)"
     )
+    parser.add_argument(
+        "--collect", type=new_output_folder, default=None, metavar="DIR",
+        help="copy each finished point's config, metrics and eval results to DIR/<point>/ (to commit), run nothing",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.config is None:
         parser.error("--config is required")
     study = Study(args.config, args.overrides)
+    if args.collect is not None:
+        written = study.collect(args.collect)
+        print(f"study {study.dir}: {len(written)} of {len(study.points)} points finished, copied to {args.collect}")
+        return 0
     if args.point is not None:
         print("\n".join(study.point(args.point).run_overrides(study.dir)))
     elif args.dry_run:

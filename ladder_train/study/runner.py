@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from ..lifetime import end_with_parent
 from .grid import Point, fixed_overrides, grid
 
 FINISHED_FILE = "summary.json"  # the trainer writes it when a run reaches its last step
+# what a finished run's figures rest on: kilobytes, committed beside the tables made from them (no weights)
+RESULT_FILES = ("config.yaml", "metrics.jsonl", FINISHED_FILE)
 
 
 def finished(run_dir: Path) -> bool:
@@ -60,6 +63,25 @@ class Study:
         if not 0 <= index < len(self.points):
             raise RunFailed(f"study {self.dir}: point {index} does not exist (0..{len(self.points) - 1})")
         return self.points[index]
+
+    def collect(self, dest: Path) -> list[Path]:
+        """Copy each finished point's small results (RESULT_FILES and eval/*.json) to ``dest``/<point>/; points
+        still running are left out. Returns the folders written."""
+        written = []
+        for point in self.points:
+            run_dir = point.run_dir(self.dir)
+            if not finished(run_dir):
+                continue
+            out = Path(dest) / point.name
+            (out / "eval").mkdir(parents=True, exist_ok=True)
+            for name in RESULT_FILES:
+                shutil.copy2(run_dir / name, out / name)
+            for result in sorted((run_dir / "eval").glob("*.json")):
+                shutil.copy2(result, out / "eval" / result.name)
+            if not any((out / "eval").iterdir()):
+                (out / "eval").rmdir()
+            written.append(out)
+        return written
 
     def run_all(self) -> None:
         for point in self.points:
