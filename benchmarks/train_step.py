@@ -3,8 +3,11 @@
     python -m benchmarks.train_step [--steps 20] [--rounds 2] [key=value ...]
 
 The bare loop is plain forward / backward / clip / AdamW step on an unsharded model, with the batches
-already in memory: no FSDP, no data loader, no logging. The trainer runs the same steps with its full
-machinery (mesh, FSDP2 of one process, metrics). Rounds alternate the two; the best of each is kept.
+already in memory: no FSDP, no data loader, no logging. It runs on the trainer's device (``init_distributed``:
+this process's GPU when CUDA is available, else the CPU), in the trainer's compute dtype (``train.dtype``;
+``auto`` is bf16 on a GPU, under autocast here), with the same ``train.freeze_layers``; it does not compile.
+The trainer runs the same steps with its full machinery (mesh, FSDP2 of one process, metrics). Rounds
+alternate the two; the best of each is kept.
 Every trainer round writes into a fresh temporary run folder (a reused folder would auto-resume at
 max_steps and time nothing) and must have run exactly ``--steps`` steps, else the benchmark stops.
 """
@@ -12,6 +15,7 @@ max_steps and time nothing) and must have run exactly ``--steps`` steps, else th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import tempfile
@@ -22,9 +26,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ladder_train.config import load_config, model_args
+from ladder_train.dtypes import resolve_dtype
 from ladder_train.model import Transformer
 from ladder_train.parallel import init_distributed
-from ladder_train.train.optim import build_optimizer
+from ladder_train.train.optim import build_optimizer, freeze_lower_layers
 from ladder_train.train.trainer import Trainer
 
 DEFAULTS = [
@@ -57,24 +62,37 @@ def make_batches(cfg, count: int) -> list:
     return [(t[:, :-1], t[:, 1:]) for t in tokens]
 
 
-def bare_loop(cfg, batches: list, steps: int) -> float:
+def bare_loop(cfg, batches: list, steps: int, device: torch.device) -> float:
+    """Tokens/s of the bare loop on ``device`` (the trainer's: ``init_distributed().device``)."""
     torch.manual_seed(cfg.run.seed)
-    model = Transformer(model_args(cfg.model))
+    model = Transformer(model_args(cfg.model)).to(device)
+    freeze_lower_layers(model, cfg.train.freeze_layers)
     optimizer = build_optimizer(model, cfg.train.optimizer)
+    dtype = resolve_dtype(cfg.train.dtype, device)
+    cast = contextlib.nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     accumulation = cfg.train.global_batch_size // cfg.train.micro_batch_size
     tokens_per_step = cfg.train.global_batch_size * cfg.data.seq_len
-    source = itertools.cycle(batches)
+    # held in device memory before timing
+    source = itertools.cycle([(x.to(device), y.to(device)) for x, y in batches])
+    _synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
         for _ in range(accumulation):
             inputs, labels = next(source)
-            logits = model(inputs)
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / (tokens_per_step)
+            with cast:
+                logits = model(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens_per_step
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.optimizer.grad_clip or math.inf)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    _synchronize(device)
     return steps * tokens_per_step / (time.perf_counter() - start)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def trainer_loop(cfg, batches: list, steps: int, env) -> float:
@@ -107,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     batches = make_batches(cfg, 16)
     bare, trained = [], []
     for _ in range(args.rounds):
-        bare.append(bare_loop(cfg, batches, args.steps))
+        bare.append(bare_loop(cfg, batches, args.steps, env.device))
         trained.append(trainer_loop(cfg, batches, args.steps, env))
     dist.destroy_process_group()
     best_bare, best_trainer = max(bare), max(trained)

@@ -49,3 +49,27 @@ bench.main(['--steps', '3', '--rounds', '1', *{BENCH_TINY!r}])
     done = run_bench(tmp_path, code)
     assert done.returncode != 0
     assert "BenchmarkError: trainer round ran 1 steps (from step 0, 1 logged) instead of 3" in done.stderr
+
+
+def test_bare_loop_runs_on_the_trainers_device(monkeypatch, capsys):
+    # it stayed on the CPU on a GPU node; now main() hands it init_distributed()'s device, as the trainer gets.
+    # A meta "device" stands in for the GPU: every forward must see the model and the batch on it.
+    import torch
+
+    from benchmarks import train_step as bench
+    from ladder_train.parallel.mesh import Dist
+
+    seen = []
+
+    class Spy(bench.Transformer):
+        def forward(self, tokens, *args, **kwargs):
+            seen.append((tokens.device.type, self.tok_embeddings.weight.device.type))
+            return super().forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "Transformer", Spy)
+    monkeypatch.setattr(bench, "init_distributed", lambda: Dist(0, 1, 0, 1, torch.device("meta")))
+    monkeypatch.setattr(bench, "trainer_loop", lambda cfg, batches, steps, env: 1.0)
+    monkeypatch.setattr(bench.dist, "destroy_process_group", lambda: None)
+    bench.main(["--steps", "2", "--rounds", "1", *BENCH_TINY])
+    assert seen and set(seen) == {("meta", "meta")}
+    assert capsys.readouterr().out.startswith("bare loop : ")

@@ -370,3 +370,52 @@ def test_measured_block_overheads_replace_kernel_counts(tmp_path):
         InputError, match=r"half.yaml: g.mlp_overhead_us: missing \(the three \*_overhead_us keys go together\)"
     ):
         load_profiles(bad)
+
+
+# GPU peaks by exact card: the one `cards` table of hardware.yaml that the profiles and the trainer's MFU read.
+# Dense bf16 = the datasheets' with-sparsity figures halved (H100: 1,979 / 1,513 / 1,671 TF for SXM / PCIe / NVL).
+@pytest.mark.parametrize(
+    "device_name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4e12),  # SXM5, as torch.cuda.get_device_name() names it
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),
+        ("NVIDIA H200", 989.4e12),
+        ("NVIDIA H200 NVL", 835e12),  # the longer match beats "H200"
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA A100-PCIE-40GB", 312e12),
+        ("nvidia h100 pcie", 756e12),  # case-insensitive
+    ],
+)
+def test_peak_flops_by_exact_card(device_name, peak):
+    from ladder_train.predict.hardware import peak_flops_for
+
+    assert peak_flops_for(device_name) == pytest.approx(peak, rel=1e-12)
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA H100", "NVIDIA A10", "Tesla V100-SXM2-16GB", "NVIDIA L40S", ""])
+def test_unknown_card_has_no_peak_rather_than_another_cards(device_name):
+    from ladder_train.predict.hardware import peak_flops_for
+
+    assert peak_flops_for(device_name) is None
+
+
+def test_gpu_profiles_take_their_peak_from_the_card_table(tmp_path):
+    from ladder_train.predict.hardware import shipped_cards
+
+    cards = shipped_cards()
+    assert all(card.source and card.match for card in cards.values())  # every figure names its source
+    devices = load_profiles()
+    assert devices["h100"].peak_flops == cards["h100_sxm"].peak_flops == pytest.approx(989.4e12)
+    assert devices["h200"].peak_flops == cards["h200"].peak_flops
+    assert devices["a100"].peak_flops == cards["a100"].peak_flops == pytest.approx(312e12)
+    mine, link = tmp_path / "mine.yaml", "    fast: {alpha_us: 5, busbw_gbs: 10}\n"
+    mine.write_text(yaml_profile(link).replace("peak_tflops: 1", "card: h100_pcie"))
+    assert load_profiles(mine)["g"].peak_flops == pytest.approx(756e12)
+    mine.write_text(yaml_profile(link) + "  card: h100_nvl\n")
+    with pytest.raises(InputError, match=r"mine.yaml: g.peak_tflops: give either peak_tflops or card"):
+        load_profiles(mine)
+    mine.write_text(yaml_profile(link).replace("peak_tflops: 1", "card: b200"))
+    with pytest.raises(InputError, match=r"mine.yaml: g.card: unknown card 'b200' \(known: h100_sxm, "):
+        load_profiles(mine)

@@ -72,7 +72,7 @@ def cmd_show(argv: list[str]) -> int:
     counts = count_params(margs)
     print(
         f"# parameters: {counts['total'] / 1e6:,.1f}M total, {counts['non_embedding'] / 1e6:,.1f}M non-embedding; "
-        f"{flops_per_token(margs, cfg.data.seq_len) / 1e9:,.2f} GFLOPs/token (train); layers: {_layout_summary(margs.layer_layouts())}"
+        f"{flops_per_token(margs, cfg.data.seq_len, frozen_layers=cfg.train.freeze_layers) / 1e9:,.2f} GFLOPs/token (train); layers: {_layout_summary(margs.layer_layouts())}"
     )
     return 0
 

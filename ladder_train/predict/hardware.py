@@ -1,12 +1,15 @@
 """Hardware profiles for ``ladder-predict``: read and check ``hardware.yaml`` (shipped) or a user's file.
 
-A profile names a device's peak compute and memory bandwidth, the efficiencies assumed for them, a fixed
-cost per kernel, the dtype, and its links. Any key it does not know, any missing key, any value that is
-not a positive number is refused with one line naming the file, the profile and the key.
+A profile names a device's peak compute (``peak_tflops``, or ``card``: a card of the shipped ``cards`` table,
+the dense bf16 peaks by GPU card that the trainer's MFU reads too) and memory bandwidth, the efficiencies
+assumed for them, a fixed cost per kernel, the dtype, and its links. Any key it does not know, any missing
+key, any value that is not a positive number is refused with one line naming the file, the profile and the key.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
@@ -16,11 +19,13 @@ from ..errors import InputError
 from .perfmodel import Device, Link
 
 SHIPPED = "hardware.yaml"
+CARDS = "cards"  # the shipped file's table of GPU peaks, not a profile
 
 # key -> (required, kind); kind "pos" = positive number, "frac" = in [0, 1], "bool", "str", "int"
 DEVICE_KEYS = {
     "description": (False, "str"),
-    "peak_tflops": (True, "pos"),
+    "card": (False, "str"),
+    "peak_tflops": (False, "pos"),  # exactly one of card / peak_tflops
     "mem_bw_gbs": (True, "pos"),
     "compute_eff": (True, "frac"),
     "mem_eff": (True, "frac"),
@@ -43,7 +48,18 @@ LINK_KEYS = {
     "interference": (False, "frac"),
     "description": (False, "str"),
 }
+CARD_KEYS = {"match": (True, "strs"), "peak_tflops": (True, "pos"), "source": (True, "str")}
 ALGORITHMS = ("ring", "one_shot", "auto")
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU card of the ``cards`` table: the substrings of its device name, its dense bf16 peak and its source."""
+
+    name: str
+    match: tuple[str, ...]
+    peak_flops: float
+    source: str
 
 
 def _check(value, kind: str, where: str):
@@ -55,6 +71,7 @@ def _check(value, kind: str, where: str):
         "bool": isinstance(value, bool),
         "str": isinstance(value, str),
         "map": isinstance(value, dict) and bool(value),
+        "strs": isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value),
     }[kind]
     if not ok:
         need = {
@@ -65,6 +82,7 @@ def _check(value, kind: str, where: str):
             "bool": "true or false",
             "str": "a string",
             "map": "a non-empty mapping",
+            "strs": "a non-empty list of non-empty strings",
         }
         raise InputError(f"{where} must be {need[kind]}, got {value!r}")
 
@@ -82,14 +100,66 @@ def _keys(entry, spec: dict, where: str):
             raise InputError(f"{where}.{key}: missing")
 
 
-def parse_profiles(data, origin: str) -> dict[str, Device]:
-    """Devices by name from a loaded YAML mapping; ``origin`` (the file) starts every error."""
+def parse_cards(data, origin: str) -> dict[str, Card]:
+    """The ``cards`` table: card name -> Card."""
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"{origin}: {CARDS}: expected a mapping of card names to cards")
+    cards = {}
+    for name, entry in data.items():
+        _keys(entry, CARD_KEYS, f"{origin}: {CARDS}.{name}")
+        cards[name] = Card(name, tuple(entry["match"]), entry["peak_tflops"] * 1e12, entry["source"])
+    return cards
+
+
+@lru_cache(maxsize=1)
+def shipped_cards() -> dict[str, Card]:
+    return parse_cards(_shipped_data()[CARDS], SHIPPED)
+
+
+def _shipped_data() -> dict:
+    data = yaml.safe_load(resources.files("ladder_train.predict").joinpath(SHIPPED).read_text())
+    return data if isinstance(data, dict) else {}
+
+
+def card_for(device_name: str) -> Card | None:
+    """The card whose longest ``match`` substring occurs in ``device_name`` (case-insensitive; the most specific
+    wins: "H200 NVL" over "H200"), or None: an unknown card never borrows another card's figure."""
+    name = device_name.casefold()
+    found = [(len(m), card) for card in shipped_cards().values() for m in card.match if m.casefold() in name]
+    return max(found, key=lambda hit: hit[0])[1] if found else None
+
+
+def peak_flops_for(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of the card ``torch.cuda.get_device_name()`` calls ``device_name``, or None."""
+    card = card_for(device_name)
+    return card.peak_flops if card else None
+
+
+def _peak_flops(entry: dict, where: str) -> float:
+    if ("card" in entry) == ("peak_tflops" in entry):
+        raise InputError(f"{where}.peak_tflops: give either peak_tflops or card (a card of {SHIPPED}'s {CARDS})")
+    if "peak_tflops" in entry:
+        return entry["peak_tflops"] * 1e12
+    cards = shipped_cards()
+    if entry["card"] not in cards:
+        raise InputError(f"{where}.card: unknown card {entry['card']!r} (known: {', '.join(cards)})")
+    return cards[entry["card"]].peak_flops
+
+
+def parse_profiles(data, origin: str, shipped: bool = False) -> dict[str, Device]:
+    """Devices by name from a loaded YAML mapping; ``origin`` (the file) starts every error. The shipped file's
+    ``cards`` table is skipped (``shipped_cards`` reads it); no other file may define one."""
     if not isinstance(data, dict) or not data:
         raise InputError(f"{origin}: expected a mapping of profile names to profiles")
+    if CARDS in data and not shipped:
+        raise InputError(f"{origin}: {CARDS}: only the shipped {SHIPPED} defines cards (name one with card: NAME)")
     devices = {}
     for name, entry in data.items():
+        if name == CARDS:
+            continue
         where = f"{origin}: {name}"
         _keys(entry, DEVICE_KEYS, where)
+        peak = _peak_flops(entry, where)
         links = {}
         for link_name, link in entry["links"].items():
             lwhere = f"{where}.links.{link_name}"
@@ -110,7 +180,7 @@ def parse_profiles(data, origin: str) -> dict[str, Device]:
             raise InputError(f"{where}.inter_node: {inter!r} is not one of its links ({', '.join(links)})")
         devices[name] = Device(
             name,
-            entry["peak_tflops"] * 1e12,
+            peak,
             entry["mem_bw_gbs"] * 1e9,
             entry["compute_eff"],
             entry["mem_eff"],
@@ -138,8 +208,7 @@ def _overheads(entry: dict, where: str) -> dict[str, float] | None:
 
 def load_profiles(path: str | Path | None = None) -> dict[str, Device]:
     """The shipped profiles, with those of ``path`` (a user's file) added or replacing same-named ones."""
-    shipped = resources.files("ladder_train.predict").joinpath(SHIPPED)
-    devices = parse_profiles(yaml.safe_load(shipped.read_text()), SHIPPED)
+    devices = parse_profiles(_shipped_data(), SHIPPED, shipped=True)
     if path is not None:
         path = Path(path)
         if not path.is_file():

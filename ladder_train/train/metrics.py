@@ -15,18 +15,23 @@ from ..config import Config, to_dict
 
 
 def device_peak_flops(device: torch.device) -> float | None:
-    """The device's bf16 peak for MFU, or None (CPU, unknown GPU): MFU is then reported as null. The peaks are
-    those of the shipped hardware profiles (``predict/hardware.yaml``: dense tensor-core peak, vendor datasheets),
-    matched by profile name in the device's name (``h100`` in "NVIDIA H100 80GB HBM3")."""
+    """The device's dense bf16 peak for MFU, or None (CPU, or a GPU card the table does not know: MFU is then
+    reported as null, with a one-time note). The peaks are the ``cards`` table of ``predict/hardware.yaml``
+    (each figure with its datasheet), matched on the exact card ``torch.cuda.get_device_name`` reports: an
+    "NVIDIA H100 PCIe" is 756 TFLOPS, not the SXM card's 989.4."""
     if device.type != "cuda":
         return None
-    from ..predict.hardware import load_profiles
+    from ..predict.hardware import peak_flops_for
 
-    name = torch.cuda.get_device_name(device).upper()
-    for profile in load_profiles().values():
-        if profile.name.upper() in name and profile.dtype_bytes == 2:
-            return profile.peak_flops
-    return None
+    name = torch.cuda.get_device_name(device)
+    peak = peak_flops_for(name)
+    if peak is None and name not in _UNKNOWN_CARDS:
+        _UNKNOWN_CARDS.add(name)
+        print(f"note: no bf16 peak known for {name!r} (cards of predict/hardware.yaml): MFU is null", file=sys.stderr)
+    return peak
+
+
+_UNKNOWN_CARDS: set[str] = set()
 
 
 def peak_memory_gib(device: torch.device) -> float:

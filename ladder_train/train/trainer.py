@@ -106,7 +106,7 @@ class Trainer:
         self.wandb_id: str | None = None
         self.meter = ThroughputMeter(
             env.world_size,
-            flops_per_token(self.model_args, cfg.data.seq_len),
+            flops_per_token(self.model_args, cfg.data.seq_len, frozen_layers=cfg.train.freeze_layers),
             device_peak_flops(env.device),
             env.device,
         )
