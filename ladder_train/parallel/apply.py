@@ -4,6 +4,7 @@ initialisation that makes the weights independent of how the model is sharded.""
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -26,16 +27,25 @@ def apply_activation_checkpointing(model: Transformer, mode: str, every: int) ->
             model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_compile(model: Transformer) -> None:
-    """Compile each block on its own: the blocks are identical, so one compiled graph is reused."""
+# torch.compile's backend for the blocks. The GPU path uses inductor; a test on the CPU sets
+# LADDER_COMPILE_BACKEND=aot_eager (autograd traced, no code generated) to check graphs and numerics quickly.
+COMPILE_BACKEND_ENV = "LADDER_COMPILE_BACKEND"
+DEFAULT_COMPILE_BACKEND = "inductor"
+
+
+def apply_compile(model: Transformer, backend: str | None = None) -> None:
+    """Compile each block on its own; blocks of one kind share one graph (a ladder's first block, which has
+    no pending outputs, and blocks with or without a checkpoint wrapper are the other kinds). FSDP's hooks
+    are marked dynamo-disabled and stay outside the graph: no block breaks or recompiles for its sharding."""
+    backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or DEFAULT_COMPILE_BACKEND
     for block in model.layers:
-        block.compile()
+        block.compile(backend=backend)
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
     """Shard every block, then the root (embeddings, final norm). bf16 compute keeps fp32 master
-    weights and reduces gradients in fp32. The last block stays unsharded after forward, as backward
-    needs it first."""
+    weights and reduces gradients in fp32. The last block and the root stay unsharded after forward, as
+    backward needs them first."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     # FSDP hands each block its inputs as autograd views, and the first ladder block returns its input
     # stream untouched (its outputs join one module late), so FSDP warns that a view could lose its
@@ -45,7 +55,13 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -
     last = len(model.layers) - 1
     for i, block in enumerate(model.layers):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    # The root (the tied embedding/head and the final norm) stays unsharded after forward: backward
+    # starts with the head's gradient, so resharding would only all-gather the embedding again at once
+    # (fully_shard's docs: False "for the root module, because the root module is typically required
+    # immediately when the backward pass begins"; torchtitan does the same). An explicit True would
+    # override FSDP2's own root default. Its gradient is still reduce-scattered and the unsharded copy
+    # freed at the end of backward, so only one all-gather per micro-batch changes, not the numbers.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
 
 def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param_dtype: torch.dtype) -> Transformer:
