@@ -13,13 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ..predict.perfmodel import simulate, step_ops  # noqa: E402
-from ..predict.shapes import shape_from_fields  # noqa: E402
+from ..plots import new_figure, save_figure
+from ..predict.perfmodel import simulate, step_ops
+from ..predict.shapes import shape_from_fields
 
 
 def is_sweep(rows: list[dict]) -> bool:
@@ -79,7 +75,7 @@ def module_ms(row: dict) -> float:
 
 def plot_sweep(rows: list[dict], out: Path) -> Path:
     """Decode speedup over standard against X / module: measured points, predicted curve per layout."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure(8, 5)
     unit = module_ms(next(r for r in rows if r["layout"] == "standard"))
     latencies = sorted({r["emulated_link_latency_ms"] for r in rows})
     grid = [latencies[0] + (latencies[-1] - latencies[0]) * i / 60 for i in range(61)]
@@ -96,14 +92,12 @@ def plot_sweep(rows: list[dict], out: Path) -> Path:
         ]
         ax.plot([x / unit for x in grid], curve, "-", color=f"C{i + 1}", alpha=0.6, label=f"{layout}, predicted")
     ax.axhline(1.0, color="C0", lw=1, label="standard")
-    ax.set_xlabel("emulated all-reduce latency X / one module's decode compute")
-    ax.set_ylabel("decode speedup over standard")
     first = rows[0]
-    ax.set_title(f"TP={first.get('tp')} {first['shape']}, batch {first['batch']} (emulated serialised link)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = out / "link_sweep.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(
+        fig,
+        ax,
+        out / "link_sweep.png",
+        title=f"TP={first.get('tp')} {first['shape']}, batch {first['batch']} (emulated serialised link)",
+        xlabel="emulated all-reduce latency X / one module's decode compute",
+        ylabel="decode speedup over standard",
+    )

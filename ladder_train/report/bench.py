@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .tables import markdown_table  # noqa: E402
+from ..plots import new_figure, save_figure
+from .tables import markdown_table
 
 
 def plot_bench(rows: list[dict], out: Path) -> Path:
@@ -17,7 +13,7 @@ def plot_bench(rows: list[dict], out: Path) -> Path:
     layouts = list(dict.fromkeys(r["layout"] for r in rows))
     batches = sorted({r["batch"] for r in rows})
     width = 0.8 / len(layouts)
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure(8, 5)
     for i, layout in enumerate(layouts):
         by_batch = {r["batch"]: r for r in rows if r["layout"] == layout}
         xs = [b + (i - (len(layouts) - 1) / 2) * width for b in range(len(batches))]
@@ -38,14 +34,13 @@ def plot_bench(rows: list[dict], out: Path) -> Path:
     first = rows[0]
     emulated = first.get("emulated_link_latency_ms")
     note = f", emulated link latency {emulated} ms" if emulated else ""
-    ax.set_title(f"TP={first.get('tp', '?')} generation throughput ({first.get('device', '')}{note})")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend()
-    path = out / "tp_bench.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(
+        fig,
+        ax,
+        out / "tp_bench.png",
+        title=f"TP={first.get('tp', '?')} generation throughput ({first.get('device', '')}{note})",
+        grid_axis="y",
+    )
 
 
 def bench_table(rows: list[dict]) -> str:

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ..study import analysis  # noqa: E402
-from ..study import groups as seed_groups  # noqa: E402
-from .runs import final_train_loss, final_val_loss  # noqa: E402
-from .tables import markdown_table  # noqa: E402
+from ..plots import new_figure, save_figure
+from ..study import analysis
+from ..study import groups as seed_groups
+from .runs import final_train_loss, final_val_loss
+from .tables import markdown_table
 
 
 def seeds_section(groups: list[seed_groups.Group], out: Path) -> list[str]:
@@ -92,20 +88,19 @@ def comparison_section(
 
 
 def plot_sweeps(sweeps: list[analysis.Sweep], out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = new_figure(7, 4.5)
     for i, sweep in enumerate(sweeps):
         rates = sorted(sweep.losses)
         ax.plot(rates, [sweep.losses[lr] for lr in rates], "o-", color=f"C{i}", label=sweep.label)
         if sweep.choice is not None:
             ax.plot([sweep.choice.best], [sweep.choice.loss], "*", color=f"C{i}", markersize=14)
     ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel(f"validation loss at step {sweeps[0].horizon_step} (nats/token)")
-    ax.set_title("Learning-rate sweep (star: the rate chosen)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = out / "lr_sweep.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(
+        fig,
+        ax,
+        out / "lr_sweep.png",
+        title="Learning-rate sweep (star: the rate chosen)",
+        xlabel="peak learning rate",
+        ylabel=f"validation loss at step {sweeps[0].horizon_step} (nats/token)",
+        legend_size=8,
+    )

@@ -5,12 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-
-from .runs import Run, final_train_loss, train_tokens_per_s  # noqa: E402
+from ..plots import new_figure, save_figure
+from .runs import Run, final_train_loss, train_tokens_per_s
 
 # per task, the metric the paper's tables use (acc_norm where lm-eval has it) and whether lower is better
 TASK_METRICS = {
@@ -65,7 +61,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def plot_loss(runs: list[Run], out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure(8, 5)
     for i, run in enumerate(runs):
         color = f"C{i}"
         ax.plot(
@@ -85,29 +81,13 @@ def plot_loss(runs: list[Run], out: Path) -> Path:
                 markersize=3,
                 label=f"{run.label} validation",
             )
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title("Loss against tokens")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = out / "loss.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(
+        fig, ax, out / "loss.png", title="Loss against tokens", xlabel="tokens", ylabel="loss (nats/token)"
+    )
 
 
 def plot_lr(runs: list[Run], out: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = new_figure(8, 3.5)
     for i, run in enumerate(runs):
         ax.plot([r["step"] for r in run.train], [r["lr"] for r in run.train], color=f"C{i}", label=run.label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("learning rate")
-    ax.set_title("Learning-rate schedule")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    path = out / "lr.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, ax, out / "lr.png", title="Learning-rate schedule", xlabel="step", ylabel="learning rate")

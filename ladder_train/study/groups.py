@@ -14,11 +14,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib
+from omegaconf import OmegaConf
 
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+from ..plots import new_figure, save_figure
 
 # config keys that name a repeat rather than change the experiment
 _IDENTITY_KEYS = ("run.seed", "run.name", "run.dir")
@@ -134,7 +132,7 @@ def seeds_table(groups: list[Group], final_val, final_train) -> tuple[list[str],
 def plot_bands(groups: list[Group], out: Path) -> Path:
     """Train loss against tokens: the mean over a group's seeds with a band of ± one sd; the validation loss
     as mean with error bars of one sd."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = new_figure(8, 5)
     for i, group in enumerate(groups):
         color = f"C{i}"
         for records, key, style in ((lambda r: r.train, "loss", "-"), (lambda r: r.val, "val_loss", "--")):
@@ -155,13 +153,12 @@ def plot_bands(groups: list[Group], out: Path) -> Path:
                 ax.fill_between(tokens, lower, upper, color=color, alpha=0.2)
             else:
                 ax.errorbar(tokens, means, yerr=sds, fmt="o" + style, color=color, markersize=3, capsize=3, label=name)
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title("Loss against tokens: mean over seeds, band = ± 1 sd")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    path = out / "loss_seeds.png"
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(
+        fig,
+        ax,
+        out / "loss_seeds.png",
+        title="Loss against tokens: mean over seeds, band = ± 1 sd",
+        xlabel="tokens",
+        ylabel="loss (nats/token)",
+        legend_size=8,
+    )
