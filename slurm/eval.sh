@@ -31,4 +31,4 @@ if [[ -f .venv/bin/activate ]]; then
 fi
 
 echo "ladder-eval on $(hostname): ${EXPORT_DIR} $*"
-srun ladder-eval "${EXPORT_DIR}" --device cuda "$@"
+srun --cpus-per-task "${SLURM_CPUS_PER_TASK:-1}" ladder-eval "${EXPORT_DIR}" --device cuda "$@"  # srun does not inherit it

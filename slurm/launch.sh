@@ -28,15 +28,23 @@ if [[ -z "${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-}" ]]; then
     export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$PWD/nccl-trace-${SLURM_JOB_ID}/rank_"
 fi
 export WANDB_RUN_GROUP=${WANDB_RUN_GROUP:-$SLURM_JOB_NAME}
+# Cross-node gloo groups (the eval wait group, CPU collectives) and NCCL's bootstrap pick a network interface by
+# themselves; on nodes with several (ethernet + InfiniBand, docker bridges) name it: GLOO_SOCKET_IFNAME=ib0 and
+# NCCL_SOCKET_IFNAME=ib0 (or =^docker,lo to exclude), exported before sbatch; Slurm passes the environment on.
+# srun does not inherit sbatch's --cpus-per-task (Slurm 22.05 and later): pass it, or each task gets one CPU and
+# the loader workers and torchrun's eight ranks share it.
+CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+export SRUN_CPUS_PER_TASK=$CPUS_PER_TASK
 
 # Preemption: sbatch's --signal=B:USR1@120 reaches this shell before the time limit. It is passed on to
 # srun, which forwards it to torchrun, which forwards it to the workers (--signals-to-handle); each worker
 # finishes its step, saves a checkpoint and exits. The job is then requeued and auto-resumes from it.
 # torchrun gives the workers 30 s after forwarding before it kills them: the regular checkpoint.every
-# saves bound what a slow final save could lose.
+# saves bound what a slow final save could lose. The warning comes --signal=B:USR1@SECONDS before the time limit
+# (120 in the sbatch scripts); a larger model's save may need more: `sbatch --signal=B:USR1@300 ...`.
 REQUEUE=0
 trap 'REQUEUE=1; kill -USR1 "$SRUN_PID" 2>/dev/null' USR1 TERM
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 \
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task "$CPUS_PER_TASK" \
     "$PYTHON" -m torch.distributed.run \
     --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" \
     --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:29500" --rdzv-id "$SLURM_JOB_ID" \

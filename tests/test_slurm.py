@@ -35,7 +35,8 @@ def test_launcher_sets_diagnostics_and_forwards_sigusr1(tmp_path):
         (tmp_path / "bin" / name).write_text(body)
         (tmp_path / "bin" / name).chmod(0o755)
     env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "4242",
-           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_JOB_NAME": "ladder-3b"}  # fmt: skip
+           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_JOB_NAME": "ladder-3b",
+           "SLURM_CPUS_PER_TASK": "64"}  # fmt: skip
     done = subprocess.run(["bash", str(tmp_path / "slurm/pretrain_3b.sh")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     seen = dict(line.split("=", 1) for line in (tmp_path / "srun.env").read_text().splitlines() if "=" in line)
@@ -45,6 +46,7 @@ def test_launcher_sets_diagnostics_and_forwards_sigusr1(tmp_path):
     assert (tmp_path / "nccl-trace-4242").is_dir()
     args = (tmp_path / "srun.args").read_text()
     assert "--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args and "--nnodes 2" in args
+    assert "--cpus-per-task 64" in args and seen["SRUN_CPUS_PER_TASK"] == "64"  # srun does not inherit sbatch's
 
 
 def test_readme_torchrun_commands_forward_sigusr1():
