@@ -1,6 +1,7 @@
 """ladder-bench (``ladder_train.bench``): the command at TP = 2 writes consistent results, eager and compiled;
 bad input (a TP degree or layout it cannot run, a damaged checkpoint, compile with the emulated link) is one line
-before any rank starts; the latency note compares the emulated X with the shorter module."""
+before any rank starts; the latency note compares the emulated X with the shorter module. Compiled, the warm-up
+is >= 2 runs, a timed run that compiles or records a graph fails, and a model keeps one cache across its runs."""
 
 import json
 
@@ -51,7 +52,7 @@ def test_bench_compile_on_runs_the_three_layouts_with_bounded_compilations(tmp_p
     out = tmp_path / "bench.jsonl"
     argv = ["--model", "tiny", "--set", "vocab_size=97", "dim=64", "n_layers=2", "n_heads=4", "ffn_dim=128"]
     argv += ["max_seq_len=32", "--tp", "2", "--batch-sizes", "1", "--prompt-len", "6", "--gen-len", "4"]
-    argv += ["--runs", "1", "--warmup", "1", "--compile", "on", "--compile-backend", "aot_eager", "--out", str(out)]
+    argv += ["--runs", "1", "--warmup", "2", "--compile", "on", "--compile-backend", "aot_eager", "--out", str(out)]
     bench_main(argv)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["layout"] for r in rows] == ["standard", "parallel", "ladder"]
@@ -92,5 +93,48 @@ def test_bench_refuses_compile_with_the_emulated_link(capsys):
     assert (
         capsys.readouterr().err == "ladder-bench: error: the emulated link sleeps on the host and needs --compile off\n"
     )
-    assert bench_main(["--model", "tiny", "--compile", "on", "--warmup", "0"]) == 2
-    assert "ladder-bench: error: --compile on needs --warmup >= 1" in capsys.readouterr().err
+    for warmup in ("0", "1"):  # the first run compiles, the second records the CUDA graphs
+        assert bench_main(["--model", "tiny", "--compile", "on", "--warmup", warmup]) == 2
+        assert capsys.readouterr().err.startswith("ladder-bench: error: --compile on needs --warmup >= 2 (")
+
+
+TINY_TP1 = [
+    "--model",
+    "tiny",
+    "--set",
+    "vocab_size=97",
+    "dim=32",
+    "n_layers=2",
+    "max_seq_len=16",
+    "--layouts",
+    "ladder",
+]
+TINY_TP1 += ["--batch-sizes", "1", "--prompt-len", "4", "--gen-len", "3", "--runs", "2", "--no-ceiling"]
+
+
+def test_bench_compiled_at_tp1_compiles_in_the_warm_up_only_and_keeps_its_cache(tmp_path, monkeypatch):
+    from ladder_train.bench import runner
+
+    out = tmp_path / "bench.jsonl"
+    caches = set()
+    setup = runner.Generator.setup
+
+    def watched_setup(gen, batch, max_len):
+        setup(gen, batch, max_len)
+        caches.add(tuple(id(cache.k) for cache in gen.model.kv_caches()))
+
+    monkeypatch.setattr(runner.Generator, "setup", watched_setup)
+    argv = [*TINY_TP1, "--warmup", "2", "--compile", "on", "--compile-backend", "aot_eager", "--out", str(out)]
+    assert bench_main(argv) == 0
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["compiled"] is True and row["warmup"] == 2 and row["compilations"] == 2  # a prefill and a decode
+    assert len(caches) == 1  # one cache, zeroed between the 4 runs, never reallocated
+
+
+def test_bench_fails_when_a_timed_run_compiles(monkeypatch, capsys):
+    from ladder_train.bench import runner
+
+    events = iter(range(1000))
+    monkeypatch.setattr(runner, "graph_events", lambda: next(events))  # every run "compiles"
+    with pytest.raises(RuntimeError, match=r"timed run 1 of tiny \(ladder, comm real, batch 1\) compiled or recorded"):
+        bench_main([*TINY_TP1, "--warmup", "1", "--compile", "off"])

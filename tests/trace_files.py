@@ -64,7 +64,7 @@ def decode_step_files() -> list[str]:
     import torch
     import torch.distributed as dist
 
-    from ladder_train.inference.generate import Generator, sample
+    from ladder_train.inference.generate import Generator
     from ladder_train.inference.tp import TPCommunicator, comm_mode_for
     from ladder_train.loading import load_tp_model
 
@@ -78,7 +78,9 @@ def decode_step_files() -> list[str]:
         token = generator.prefill(prompt).argmax(-1)
         trace = FileTrace()
         trace.start()  # one step of Generator.generate's loop: logits, the next token, the ranks agree on it
-        token = generator.agree(sample(generator.decode_step(token, prompt.shape[1])))
+        # sampled: the path that also samples and broadcasts (greedy argmax runs inside the step)
+        sampler = torch.Generator().manual_seed(0)
+        token = generator._next(generator._decode, (token[:, None], prompt.shape[1]), 1.0, 5, sampler)
         trace.stop()
         generator.release()
         return sorted(trace.files)

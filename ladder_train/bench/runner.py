@@ -43,6 +43,7 @@ from ..model.tp_sharding import check_tp_degree
 from ..parallel import free_port, init_distributed
 from .results import derive, print_table, write_rows
 
+COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
 RECORDED_ENV = (
     "NCCL_P2P_DISABLE",
     "NCCL_IB_DISABLE",
@@ -71,8 +72,10 @@ def measurements(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
         raise InputError("--link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
     if opts.compile == "on" and emulated_link(opts):
         raise InputError("the emulated link sleeps on the host and needs --compile off")
-    if opts.compile == "on" and opts.warmup < 1:
-        raise InputError("--compile on needs --warmup >= 1 (the first run compiles)")
+    if opts.compile == "on" and opts.warmup < COMPILED_WARMUP:
+        raise InputError(
+            f"--compile on needs --warmup >= {COMPILED_WARMUP} (the first run compiles, the second records the CUDA graphs)"
+        )
     pairs = []
     for source in opts.models:
         try:
@@ -129,8 +132,9 @@ def time_generation(
     gen: Generator, prompt: torch.Tensor, gen_len: int, group
 ) -> tuple[tuple[float, float, float], torch.Tensor]:
     """One greedy generation: (seconds of prefill, seconds per decode step, total seconds) and the tokens.
-    The cache is released afterwards, so models measured in turn never hold their caches at once."""
+    The cache is kept (the same tensors, whose addresses a CUDA graph captured) and zeroed before the timer."""
     device = prompt.device
+    gen.setup(prompt.shape[0], prompt.shape[1] + gen_len)
     marks = {}
 
     def prefill_done():
@@ -144,7 +148,6 @@ def time_generation(
     tokens = gen.generate(prompt, gen_len, on_prefill_done=prefill_done)
     _sync(device)
     end = time.perf_counter()
-    gen.release()
     if tokens.shape != (prompt.shape[0], gen_len):  # the work that was timed was really done
         raise RuntimeError(
             f"ladder-bench: generated {tuple(tokens.shape)} tokens, expected {(prompt.shape[0], gen_len)}"
@@ -204,6 +207,8 @@ def run_rank(opts: argparse.Namespace):
     dtype = resolve_dtype("auto", env.device)
     cuda = env.device.type == "cuda"
     compiled = opts.compile == "on" or (opts.compile == "auto" and cuda and not emulated_link(opts))
+    if compiled and opts.warmup < COMPILED_WARMUP:  # --compile auto on a GPU: the warm-up a compiled run needs
+        opts = argparse.Namespace(**{**vars(opts), "warmup": COMPILED_WARMUP})
     group = dist.group.WORLD if env.world_size > 1 else None
     info = environment(env.device, env.world_size, opts, compiled, dtype)
     try:
@@ -260,14 +265,22 @@ def measure_batch(opts: argparse.Namespace, entries: list, batch: int, device, g
     # of a shared machine hit all of them alike
     tokens = {}
     for run in range(opts.warmup + opts.runs):
-        for index, (_, _, model, gen, comms) in enumerate(entries):
+        for index, (source, layout, model, gen, comms) in enumerate(entries):
             for comm_name, comm in comms.items():
                 if comm is not None:
                     model.set_communicator(comm)
+                before = graph_events()
                 sample_, tokens[index, comm_name] = time_generation(gen, prompt, opts.gen_len, group)
                 if run >= opts.warmup:
+                    if graph_events() != before:  # the run timed a compilation or a CUDA graph's recording
+                        raise RuntimeError(
+                            f"ladder-bench: timed run {run - opts.warmup + 1} of {source} ({layout}, comm {comm_name}, "
+                            f"batch {batch}) compiled or recorded a graph: the warm-up did not cover it"
+                        )
                     samples.setdefault((index, comm_name), []).append(sample_)
     check_tokens_agree(tokens, group)
+    for *_, gen, _ in entries:  # every model's cache lives through the batch size's runs (round robin)
+        gen.release()
     return samples
 
 
@@ -297,6 +310,14 @@ def allow_recompiles(cases: int):
 
     name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"  # torch < 2.7
     setattr(dynamo_config, name, max(getattr(dynamo_config, name), cases))
+
+
+def graph_events() -> tuple[int, int]:
+    """(frames dynamo compiled, CUDA graph recordings) so far: a timed run adds to neither. A recording is seen
+    in cudagraph trees' count of the non-static inputs it recorded, which every step has (its tokens)."""
+    from torch._dynamo.utils import counters
+
+    return compilations(), counters["inductor"]["cudagraph_recorded_non_static_inputs"]
 
 
 def compilations() -> int:

@@ -8,7 +8,10 @@ generator states); the ``none`` ceiling's logits differ per rank, which does not
 ``compile=True`` compiles the prefill and the decode step with ``fullgraph=True`` and ``dynamic=False``
 (on a GPU with ``mode="reduce-overhead"``: CUDA graphs). The decode step passes the position as a 0-d
 tensor, which selects the model's static-shape path (the whole cache, masked), so one graph serves every
-step; the prefill has one graph per prompt shape. Each Generator's graphs are specialised to its model and
+step; the prefill has one graph per prompt shape. As in gpt-fast, nothing in a step waits for or copies from
+the host: the position is made on the device once per generation and advanced in place, greedy decoding takes
+its argmax inside the step's graph, and the KV cache is allocated once per (batch, length) and zeroed in place
+(a CUDA graph keeps its inputs' addresses: a new cache would be recorded again). Each Generator's graphs are specialised to its model and
 communicator (dynamo guards on them): the benchmark raises dynamo's recompile limit to its number of
 (model, communicator, batch size) cases and counts the compilations.
 
@@ -77,23 +80,33 @@ class Generator:
             self._prefill = torch.compile(self._prefill_eager, **settings)
             self._decode = torch.compile(self._decode_eager, **settings)
         self.cache_shape: tuple[int, int] | None = None
+        self._caches: list = []  # the model's KVCache modules this Generator allocated
+        self._written = False  # a generation has written to them since they were last zeroed
 
     def setup(self, batch: int, max_len: int):
-        """(Re)allocate the cache; a compiled step keeps its captured graph while the shape is unchanged."""
-        if self.cache_shape != (batch, max_len):
+        """Allocate the cache once per (batch, max_len) and zero it in place afterwards: the same tensors, whose
+        addresses a CUDA graph keeps (new ones would make it record again). Zeroing only after a generation wrote
+        to it, so the benchmark can zero outside its timed region by calling this first."""
+        if self.cache_shape != (batch, max_len) or self.model.kv_caches() != self._caches:
             self.model.setup_kv_cache(batch, max_len)
-            self.cache_shape = (batch, max_len)
+            self.cache_shape, self._caches = (batch, max_len), self.model.kv_caches()
+        elif self._written:
+            self.model.zero_kv_cache()
+        self._written = False
 
     def release(self):
-        """Free the cache (the benchmark measures several models in turn)."""
+        """Free the cache (the benchmark, moving on to another batch size)."""
         self.model.clear_kv_cache()
-        self.cache_shape = None
+        self.cache_shape, self._caches = None, []
 
-    def _prefill_eager(self, prompt: torch.Tensor) -> torch.Tensor:
-        return self.model(prompt, start_pos=0, last_only=True)[:, -1]
+    def _prefill_eager(self, prompt: torch.Tensor, greedy: bool = False) -> torch.Tensor:
+        logits = self.model(prompt, start_pos=0, last_only=True)[:, -1]
+        return sample(logits) if greedy else logits
 
-    def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
-        return self.model(tokens, start_pos=pos, last_only=True)[:, -1]
+    def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor, greedy: bool = False) -> torch.Tensor:
+        """Logits (or, ``greedy``, the next tokens: the argmax in the same graph) after ``tokens`` (B, 1)."""
+        logits = self.model(tokens, start_pos=pos, last_only=True)[:, -1]
+        return sample(logits) if greedy else logits
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
@@ -102,10 +115,19 @@ class Generator:
 
     @torch.no_grad()
     def decode_step(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
-        """Logits after feeding ``tokens`` (B,) at position ``pos``."""
+        """Logits after feeding ``tokens`` (B,) at position ``pos`` (outside ``generate``: calibration, tests)."""
         if self.compiled:  # a tensor position keeps every step the same graph
             return self._decode(tokens[:, None], torch.tensor(pos, device=self.device)).clone()
         return self._decode(tokens[:, None], pos)
+
+    def _next(self, step, inputs: tuple, temperature: float, top_k: int | None, generator) -> torch.Tensor:
+        """The next tokens (B,) of a prefill or decode ``step``: greedy inside the step (compiled with it); a
+        sample with the seeded ``generator`` after it (dynamo cannot trace a torch.Generator), eager kernels on
+        logits read before the next replay. Greedy tokens are cloned when compiled: they outlive the graph's output."""
+        if temperature > 0:
+            return self.agree(sample(step(*inputs), temperature, top_k, generator))
+        tokens = step(*inputs, greedy=True)
+        return tokens.clone() if self.compiled else tokens
 
     def agree(self, tokens: torch.Tensor) -> torch.Tensor:
         """Every TP rank continues with rank 0's tokens."""
@@ -137,20 +159,25 @@ class Generator:
                 f"prompt {prompt_len} + {max_new_tokens} new tokens exceed max_seq_len={self.model.args.max_seq_len}"
             )
         self.setup(batch, total)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        # greedy tokens are equal on every rank already (replicated logits): broadcast only samples
-        agree = self.agree if temperature > 0 else (lambda tokens: tokens)
-        tokens = agree(sample(self.prefill(prompt), temperature, top_k, generator))
+        self._written = True
+        # greedy tokens are equal on every rank already (replicated logits): only samples are broadcast (agree)
+        generator = torch.Generator(device=self.device).manual_seed(seed) if temperature > 0 else None
+        # compiled: the position lives on the device, made once and advanced in place (``+=`` is add_ on a
+        # tensor), so no step copies it from the host; eager: a Python int (the sliced-cache path)
+        pos = torch.full((), prompt_len, dtype=torch.long, device=self.device) if self.compiled else prompt_len
+        tokens = self._next(self._prefill, (prompt,), temperature, top_k, generator)
         if on_prefill_done is not None:
             on_prefill_done()
         out = [tokens]
         stop = torch.tensor(list(stop_tokens), device=self.device) if stop_tokens else None
         finished = torch.isin(tokens, stop) if stop is not None else None
-        for pos in range(prompt_len, total - 1):
-            # every rank holds the same tokens (replicated logits or agree), so every rank leaves at the same step
+        for _ in range(max_new_tokens - 1):
+            # ladder-generate's stop check waits for the GPU each step (bool); the benchmark passes no stop_tokens.
+            # Every rank holds the same tokens (replicated logits or agree): every rank leaves at the same step
             if finished is not None and bool(finished.all()):
                 break
-            new = agree(sample(self.decode_step(tokens, pos), temperature, top_k, generator))
+            new = self._next(self._decode, (tokens[:, None], pos), temperature, top_k, generator)
+            pos += 1
             if finished is not None:
                 new = torch.where(finished, tokens, new)  # a finished row keeps repeating its stop token
                 finished |= torch.isin(new, stop)

@@ -340,6 +340,17 @@ class Transformer(nn.Module):
             kv_heads = attn.wk.weight.shape[0] // attn.head_dim  # the local heads under TP
             attn.kv_cache = KVCache(batch, kv_heads, max_len, attn.head_dim, dtype, device)
 
+    def kv_caches(self) -> list:
+        """Every layer's KVCache (None where it has none)."""
+        return [layer.attention.kv_cache for layer in self.layers]
+
+    def zero_kv_cache(self):
+        """Zero every cache in place: the same tensors, so a CUDA graph that captured their addresses stays valid."""
+        for cache in self.kv_caches():
+            if cache is not None:
+                cache.k.zero_()
+                cache.v.zero_()
+
     def clear_kv_cache(self):
         for layer in self.layers:
             layer.attention.kv_cache = None
