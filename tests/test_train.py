@@ -293,10 +293,7 @@ def test_loader_workers_die_with_a_killed_trainer(tmp_path):
         time.sleep(2)  # let the workers fill the pipe
         trainer.send_signal(signal.SIGKILL)
         trainer.wait(timeout=10)
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline and any(_running(p) for p in workers):
-            time.sleep(0.1)
-        assert not [p for p in workers if _running(p)], "loader workers outlived the killed trainer"
+        assert not _survivors(workers, seconds=4), "loader workers outlived the killed trainer"
     finally:
         trainer.kill()
         for pid in workers:  # orphans of a failed run: ours to end
@@ -421,6 +418,16 @@ def test_ranks_wait_for_a_slow_rank0_eval_beyond_the_collective_timeout(tmp_path
 # -- signals: every preemption signal saves and exits 75; ranks and workers end with their launcher ----------
 
 
+def _survivors(pids: set[int], seconds: float) -> list[int]:
+    """The processes of ``pids`` still running after waiting up to ``seconds`` for them to end."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _running(p)]
+
+
 def _descendants(pid: int) -> set[int]:
     found, frontier = set(), {pid}
     while frontier:
@@ -468,7 +475,6 @@ def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig):
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_path):
     import signal
-    import time
 
     run_dir = tmp_path / "run"
     base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
@@ -483,10 +489,7 @@ def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_p
         assert len(run) >= 4, run
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_running(p) for p in run):
-            time.sleep(0.2)
-        assert not [p for p in run if _running(p)], "processes of the run outlived torchrun"
+        assert not _survivors(run, seconds=10), "processes of the run outlived torchrun"
     finally:
         for pid in [proc.pid, *run]:
             if _running(pid):
