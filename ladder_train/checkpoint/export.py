@@ -1,9 +1,12 @@
-"""A training checkpoint to a Hugging Face Llama folder: ``model.safetensors`` + ``config.json`` (Hugging Face
-Llama names; see model/hf_format.py), plus the run's ``tokenizer.json`` and chat template. ``ladder-export``
-(cli/export.py) and the trainer's ``eval.mode=slurm`` call ``export_checkpoint``."""
+"""Hub-ready model folders: a training checkpoint (``export_checkpoint``) or a Hugging Face format folder
+(``export_folder``) to ``model.safetensors`` + ``config.json`` (Hugging Face Llama names; see model/hf_format.py),
+with the tokenizer, ``generation_config.json`` (the bos/eos generation stops at, as ladder-generate does), for a
+parallel or ladder model the transformers classes its ``auto_map`` names, and a model card (``README.md``).
+``ladder-export`` (cli/export.py) and the trainer's ``eval.mode=slurm`` call them."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -11,36 +14,160 @@ from pathlib import Path
 import torch
 
 from ..config import load_config
-from ..loading import model_from_checkpoint, run_config_path
-from ..model.hf_format import save_export
+from ..data.chat import TOKENIZER_CONFIG, _token_text
+from ..dtypes import DTYPES
+from ..loading import load_model, model_from_checkpoint, run_config_path
+from ..model.hf_format import DEFAULT_TOKEN_IDS, save_export
+from .model_card import DEFAULT_LICENSE, CardFacts, source_license, write_model_card
+from .safe_load import read_trainer_state
+
+TOKENIZER_FILE = "tokenizer.json"
+GENERATION_CONFIG = "generation_config.json"
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
+def export_checkpoint(
+    checkpoint: Path, out_dir: Path, dtype: torch.dtype = torch.float32, license: str | None = None
+) -> Path:
+    """A training checkpoint as a Hub-ready folder; the card's facts come from its run (config, trainer state,
+    RUN_DIR/eval/step-N.json)."""
+    checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     model = model_from_checkpoint(checkpoint)
-    save_export(model, out_dir, dtype)
     run_config = run_config_path(checkpoint)
-    if run_config.is_file():
-        from ..data import DataError, load_tokenizer
-
-        cfg = load_config(run_config)
-        try:
-            load_tokenizer(cfg.data.tokenizer).save(str(out_dir / "tokenizer.json"))
-        except DataError as err:  # e.g. a hub tokenizer on an offline machine: the weights still export
-            print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
-        _copy_chat_template(cfg, out_dir)
-    else:
+    cfg = load_config(run_config) if run_config.is_file() else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _write_run_tokenizer(cfg, out_dir) if cfg else None
+    if cfg is None:
         print(
             f"warning: {run_config} not found; the export has no tokenizer.json (pass --tokenizer to ladder-eval)",
             file=sys.stderr,
         )
+    facts = _run_facts(checkpoint, cfg, model, out_dir.name, dtype)
+    facts.license = license or (source_license(Path(facts.base_model)) if facts.base_model else None) or DEFAULT_LICENSE
+    return _finish(model, out_dir, dtype, tokenizer, facts)
+
+
+def export_folder(source: Path, out_dir: Path, dtype: torch.dtype = torch.float32, license: str | None = None) -> Path:
+    """A Hugging Face format folder (a pretrained Llama, or an earlier export) as a Hub-ready folder: the weights
+    re-saved in ``dtype``, its tokenizer files and bos/eos carried over, its licence kept unless one is given."""
+    source, out_dir = Path(source), Path(out_dir)
+    model = load_model(source)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in (TOKENIZER_FILE, TOKENIZER_CONFIG, GENERATION_CONFIG):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, out_dir / name)
+    tokenizer = _read_tokenizer(out_dir / TOKENIZER_FILE)
+    facts = CardFacts(
+        name=out_dir.name,
+        args=model.args,
+        dtype=_dtype_name(dtype),
+        license=license or source_license(source) or DEFAULT_LICENSE,
+        tokenizer=f"{TOKENIZER_FILE} of {source}" if tokenizer else None,
+        base_model=str(source),
+    )
+    return _finish(model, out_dir, dtype, tokenizer, facts)
+
+
+def _finish(model, out_dir: Path, dtype: torch.dtype, tokenizer, facts: CardFacts) -> Path:
+    """The weights and config.json with the token ids generation uses, generation_config.json, the card."""
+    token_ids = _token_ids(out_dir, tokenizer, model.args.vocab_size) if tokenizer else None
+    save_export(model, out_dir, dtype, token_ids)
+    if token_ids:
+        generation = {**_read_json(out_dir / GENERATION_CONFIG), **token_ids}
+        (out_dir / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
+    write_model_card(out_dir, facts, sum(p.numel() for p in model.parameters()))
     return out_dir
 
 
-def _copy_chat_template(cfg, out_dir: Path) -> None:
-    """A model adapted from a pretrained folder keeps its chat format: the tokenizer_config.json beside the run's
-    tokenizer.json (or of data.chat_template) goes into the export, so ladder-generate --chat finds it."""
-    from ..data.chat import TOKENIZER_CONFIG, run_tokenizer_config_folder
+def _token_ids(out_dir: Path, tokenizer, vocab_size: int) -> dict:
+    """bos / eos / pad ids: eos is what ladder-generate stops at in this folder (tokenizer_config.json's eos_token,
+    else generation_config.json's, else <|endoftext|>); bos is tokenizer_config.json's or the source's, else eos.
+    A folder without tokenizer_config.json gets one naming the eos token, so AutoTokenizer knows it too."""
+    from ..inference.generate import stop_tokens
 
+    eos, _ = stop_tokens(out_dir, tokenizer, vocab_size)
+    if not eos:
+        return dict(DEFAULT_TOKEN_IDS)
+    tokenizer_config = _read_json(out_dir / TOKENIZER_CONFIG)
+    bos_text = _token_text(tokenizer_config.get("bos_token"))
+    bos = tokenizer.token_to_id(bos_text) if bos_text else _read_json(out_dir / GENERATION_CONFIG).get("bos_token_id")
+    if not tokenizer_config:
+        minimal = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tokenizer.id_to_token(eos[0])}
+        (out_dir / TOKENIZER_CONFIG).write_text(json.dumps(minimal, indent=2) + "\n")
+    return {
+        "bos_token_id": eos[0] if bos is None else bos,
+        "eos_token_id": eos[0] if len(eos) == 1 else eos,
+        "pad_token_id": eos[0],
+    }
+
+
+def _write_run_tokenizer(cfg, out_dir: Path):
+    """The run's tokenizer.json and the tokenizer_config.json it took its chat format from; None (with a
+    warning) when the tokenizer cannot be had, e.g. a hub tokenizer on an offline machine: the weights still
+    export."""
+    from ..data import DataError, load_tokenizer
+    from ..data.chat import run_tokenizer_config_folder
+
+    try:
+        tokenizer = load_tokenizer(cfg.data.tokenizer)
+    except DataError as err:
+        print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
+        return None
+    tokenizer.save(str(out_dir / TOKENIZER_FILE))
     folder = run_tokenizer_config_folder(cfg.data)
-    if folder is not None:
+    if folder is not None:  # a model adapted from a pretrained folder keeps its chat format and eos
         shutil.copyfile(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)
+    return tokenizer
+
+
+def _read_tokenizer(path: Path):
+    if not path.is_file():
+        print(f"warning: {path.parent} gets no tokenizer.json: the source has none", file=sys.stderr)
+        return None
+    from ..data import load_tokenizer
+
+    return load_tokenizer(str(path))
+
+
+def _run_facts(checkpoint: Path, cfg, model, name: str, dtype: torch.dtype) -> CardFacts:
+    state = read_trainer_state(checkpoint)
+    facts = CardFacts(name=name, args=model.args, dtype=_dtype_name(dtype), steps=state.get("step"))
+    facts.tokens = state.get("tokens")
+    if cfg is None:
+        return facts
+    data = cfg.data
+    facts.data = data.source
+    hub = f"config {data.hub_config}, " if data.hub_config and "/" in data.source else ""
+    facts.data_detail = f" ({hub}split {data.split}, format {data.format})"
+    facts.tokenizer = data.tokenizer
+    facts.base_model = cfg.checkpoint.init_from
+    facts.frozen_layers = cfg.train.freeze_layers
+    run_dir = checkpoint.resolve().parent.parent  # RUN_DIR/checkpoints/step-N
+    facts.evals, facts.eval_note = _run_evals(run_dir / "eval" / f"step-{facts.steps}.json")
+    return facts
+
+
+def _run_evals(path: Path) -> tuple[dict, str]:
+    """The summary of the run's lm-eval results for this checkpoint's step, and where it came from."""
+    if not path.is_file():
+        return {}, ""
+    record = _read_json(path)
+    summary = record.get("summary")
+    if not isinstance(summary, dict):
+        print(f"warning: {path}: no eval summary in it; the model card lists no eval results", file=sys.stderr)
+    if not isinstance(summary, dict) or not summary:
+        return {}, ""
+    limit = record.get("limit")
+    rows = f"the first {limit} rows of each task" if limit else "every row of each task"
+    return summary, f"lm-eval through ladder-eval at this checkpoint's step, {rows} ({path.name} of the run)."
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return next((name for name, value in DTYPES.items() if value == dtype), str(dtype))

@@ -1,27 +1,43 @@
-"""``ladder-export CHECKPOINT OUT_DIR [--dtype bf16]``: a training checkpoint to ``model.safetensors`` +
-``config.json`` (Hugging Face Llama names; see model/hf_format.py), plus the run's ``tokenizer.json``."""
+"""``ladder-export SOURCE OUT_DIR [--dtype bf16] [--license apache-2.0]``: a Hub-ready model folder from a
+training checkpoint (RUN_DIR/checkpoints/step-N) or a Hugging Face format folder: ``model.safetensors`` +
+``config.json`` (Hugging Face Llama names), tokenizer, ``generation_config.json``, a model card (``README.md``)
+and, for a parallel or ladder model, the transformers classes it loads with (see checkpoint/export.py)."""
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
-from ..checkpoint.export import export_checkpoint
+from ..checkpoint.export import export_checkpoint, export_folder
 from ..dtypes import DTYPES
 from ..errors import InputError
+from ..loading import folder_kind
 from .args import Parser, new_output_folder
+
+
+def hub_license(text: str) -> str:
+    """A licence identifier as the Hub's metadata writes it (apache-2.0, mit, llama3.1, other, ...)."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", text):
+        raise argparse.ArgumentTypeError("is not a Hub licence identifier (lowercase letters, digits, . + -)")
+    return text
 
 
 def run(argv: list[str]) -> int:
     parser = Parser(prog="ladder-export", description=__doc__)
-    parser.add_argument("checkpoint", type=Path, help="RUN_DIR/checkpoints/step-N")
+    parser.add_argument("source", type=Path, help="RUN_DIR/checkpoints/step-N, or a Hugging Face format folder")
     parser.add_argument("out_dir", type=new_output_folder)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument(
+        "--license", type=hub_license, default=None, help="the card's licence (default: the source's, else other)"
+    )
     args = parser.parse_args(argv)
-    if not args.checkpoint.is_dir():  # a path the user typed: bad input, not a damaged checkpoint
-        raise InputError(f"{args.checkpoint}: no such folder")
-    source, target = args.checkpoint.resolve(), args.out_dir.resolve()
+    if not args.source.is_dir():  # a path the user typed: bad input, not a damaged checkpoint
+        raise InputError(f"{args.source}: no such folder")
+    source, target = args.source.resolve(), args.out_dir.resolve()
     if target == source or source in target.parents:
-        parser.error(f"out_dir {args.out_dir} is inside the checkpoint {args.checkpoint}: write the export elsewhere")
-    out = export_checkpoint(args.checkpoint, args.out_dir, DTYPES[args.dtype])
-    print(f"exported {args.checkpoint} to {out} ({args.dtype})")
+        parser.error(f"out_dir {args.out_dir} is inside the source {args.source}: write the export elsewhere")
+    export = export_folder if folder_kind(args.source) == "export" else export_checkpoint
+    out = export(args.source, args.out_dir, DTYPES[args.dtype], args.license)
+    print(f"exported {args.source} to {out} ({args.dtype})")
     return 0

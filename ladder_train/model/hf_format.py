@@ -5,26 +5,29 @@ Any Llama folder reads in (tied or untied head, GQA, ``rope_theta``, ``rope_scal
 ``rms_norm_eps``); anything this model cannot compute (biases, other rope types or activations, other
 architectures) is refused with one line naming the field. A standard-layout export is a ``LlamaForCausalLM``.
 Parallel and ladder exports compute a different function from the same weights, so they declare their own
-``model_type`` (``ladder_llama``) and architecture, plus the fields ``residual`` and ``ladder_layers``:
-transformers and ``lm_eval --model hf`` refuse them instead of silently running them as a Llama.
+``model_type`` (``ladder_llama``, architecture ``LadderLlamaForCausalLM``), the fields ``residual`` and
+``ladder_layers``, and an ``auto_map`` to the transformers classes they carry beside the weights
+(``ladder_train/hf``): a Llama loader never runs them as a Llama.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import torch
 
 from ..errors import InputError
+from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
+from ..hf import AUTO_MAP, model_file_paths
+from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE
 from .transformer import ROPE_SCALING_KEYS, ModelArgs, Transformer, build_on_meta
 from .validate import check_model_fields, read_json_object
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file
-LADDER_MODEL_TYPE = "ladder_llama"
-LADDER_ARCHITECTURE = "LadderLlamaForCausalLM"
 
 # project name pattern -> HF name pattern ({i} is the layer index)
 _LAYER_NAMES = {
@@ -64,12 +67,22 @@ def to_hf_name(name: str) -> str:
     return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
 
 
-def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32) -> dict:
-    """config.json: the LlamaConfig fields, plus ladder-train's own layout fields."""
-    is_llama = set(args.layer_layouts()) == {"standard"}
-    return {
-        "architectures": ["LlamaForCausalLM" if is_llama else LADDER_ARCHITECTURE],
-        "model_type": "llama" if is_llama else LADDER_MODEL_TYPE,
+# bos / eos / pad ids when the export's tokenizer is unknown: StarCoder's <|endoftext|>, the default tokenizer
+DEFAULT_TOKEN_IDS = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+
+
+def is_llama(args: ModelArgs) -> bool:
+    """Whether a Llama computes this model (every layer standard)."""
+    return set(args.layer_layouts()) == {"standard"}
+
+
+def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32, token_ids: dict | None = None) -> dict:
+    """config.json: the LlamaConfig fields, plus ladder-train's own layout fields and, for a parallel or ladder
+    model, the ``auto_map`` to the transformers classes beside the weights. ``token_ids``: bos / eos / pad."""
+    llama = is_llama(args)
+    config = {
+        "architectures": ["LlamaForCausalLM" if llama else LADDER_ARCHITECTURE],
+        "model_type": "llama" if llama else LADDER_MODEL_TYPE,
         "vocab_size": args.vocab_size,
         "hidden_size": args.dim,
         "intermediate_size": args.ffn_dim,
@@ -85,13 +98,12 @@ def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32) -> dict:
         "attention_bias": False,
         "mlp_bias": False,
         "initializer_range": args.init_std,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
-        "pad_token_id": 0,
+        **(token_ids or DEFAULT_TOKEN_IDS),
         "torch_dtype": str(dtype).removeprefix("torch."),
         "residual": args.residual,
         "ladder_layers": args.ladder_layers,
     }
+    return config if llama else {**config, "auto_map": AUTO_MAP}
 
 
 def _refuse_unsupported(config: dict) -> None:
@@ -226,14 +238,19 @@ def export_tensors(path: Path, args: ModelArgs) -> dict[str, tuple[Path, str]]:
     return {name: (files[hf_name], hf_name) for hf_name, (name, _) in expected.items()}
 
 
-def save_export(model: Transformer, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model. A tied head is
-    stored once, as the embedding."""
+def save_export(
+    model: Transformer, out_dir: str | Path, dtype: torch.dtype = torch.float32, token_ids: dict | None = None
+) -> Path:
+    """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model, and for a parallel
+    or ladder model the transformers files its ``auto_map`` names. A tied head is stored once, as the embedding."""
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, out / WEIGHTS_FILE, metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config(model.args, dtype), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_config(model.args, dtype, token_ids), indent=2) + "\n")
+    if not is_llama(model.args):
+        for file in model_file_paths():
+            shutil.copyfile(file, out / file.name)
     return out
