@@ -1,0 +1,110 @@
+"""The tables of the docs that are made from data committed under ``docs/results/``.
+
+In a doc, such a table sits between ``<!-- table NAME: COMMAND -->`` and ``<!-- end table -->``;
+``python -m ladder_train.report.docs_tables --write`` remakes every one from its data, ``--check`` (what
+tests/test_docs.py runs) fails where a doc's table differs from what its data give. NAME picks the function below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ..study import analysis
+from ..study.groups import group_runs
+from .runs import read_run
+from .tables import markdown_table
+
+DOCS = ("README.md", "docs/results.md", "docs/benchmarks.md", "docs/guide.md", "docs/design.md")
+COMMAND = "python -m ladder_train.report.docs_tables --write"
+_BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
+STUDY_LR = Path("docs/results/study_small/lr")
+LAYOUTS = ("standard", "parallel", "ladder")
+
+
+def study_lr_sweep(root: Path) -> str:
+    """The layout study's learning-rate sweep: validation loss at the sweep's horizon per layout and rate, the
+    chosen rate in bold; a layout or rate without a finished run says so."""
+    folders = sorted(p.parent for p in (root / STUDY_LR).glob("*/metrics.jsonl"))
+    sweeps = {sweep.label: sweep for sweep in analysis.sweeps(group_runs([read_run(p) for p in folders]))}
+    rates = sorted({lr for sweep in sweeps.values() for lr in sweep.losses})
+    rows = []
+    for layout in LAYOUTS:
+        sweep = sweeps.get(layout)
+        best = sweep.choice.best if sweep and sweep.choice else None
+        cells = []
+        for lr in rates:
+            if sweep is None or lr not in sweep.losses:
+                cells.append("not yet")
+            else:
+                value = f"{sweep.losses[lr]:.4f}"
+                cells.append(f"**{value}**" if lr == best else value)
+        rows.append([layout, *cells])
+    horizon = {sweep.horizon_step for sweep in sweeps.values()}
+    return (
+        markdown_table(["layout \\ peak lr", *(f"{lr:g}" for lr in rates)], rows)
+        + f"\n\nValidation loss in nats/byte at step {', '.join(map(str, sorted(horizon)))}, one seed each; "
+        f"from the {len(folders)} runs in `{STUDY_LR}`.\n"
+    )
+
+
+def json_table(relative: str) -> Callable[[Path], str]:
+    """A table stored as ``{"header": [...], "rows": [[...]], "note": "..."}`` by the script that measured it."""
+
+    def make(root: Path) -> str:
+        data = json.loads((root / relative).read_text())
+        note = f"\n\n{data['note']}\n" if data.get("note") else "\n"
+        return markdown_table(data["header"], data["rows"]) + note
+
+    return make
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "study-lr-sweep": study_lr_sweep,
+}
+
+
+def remake(text: str, root: Path) -> str:
+    """``text`` with every marked table made again from its data; an unknown table name raises KeyError."""
+
+    def fill(match: re.Match) -> str:
+        return match.group(1) + TABLES[match.group("name")](root) + match.group(4)
+
+    return _BLOCK.sub(fill, text)
+
+
+def stale_tables(root: Path, docs: tuple[str, ...] = DOCS) -> list[str]:
+    """``DOC: NAME`` for every marked table whose text differs from what its data give."""
+    stale = []
+    for doc in docs:
+        text = (root / doc).read_text()
+        for match in _BLOCK.finditer(text):
+            if match.group("body") != TABLES[match.group("name")](root):
+                stale.append(f"{doc}: {match.group('name')}")
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ladder_train.report.docs_tables", description=__doc__)
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", action="store_true", help="remake every marked table in the docs")
+    action.add_argument("--check", action="store_true", help="exit 1 if a marked table differs from its data")
+    parser.add_argument("--root", type=Path, default=Path("."), help="the repository (default: here)")
+    args = parser.parse_args(argv)
+    if args.write:
+        for doc in DOCS:
+            path = args.root / doc
+            path.write_text(remake(path.read_text(), args.root))
+        return 0
+    stale = stale_tables(args.root)
+    for entry in stale:
+        print(f"stale table: {entry} (remake it: {COMMAND})", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
