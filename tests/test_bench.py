@@ -1,15 +1,17 @@
 """ladder-bench (``ladder_train.bench``): the command at TP = 2 writes consistent results, eager and compiled;
 bad input (a TP degree or layout it cannot run, a damaged checkpoint, compile with the emulated link) is one line
 before any rank starts; the latency note compares the emulated X with the shorter module. Compiled, the warm-up
-is >= 2 runs, a timed run that compiles or records a graph fails, and a model keeps one cache across its runs."""
+is >= 2 runs, a timed run that compiles or records a graph fails, and a model keeps one cache across its runs.
+``--profile`` traces every rank, where the ladder's all-reduces run beside the next module."""
 
 import json
+import statistics
 
 import pytest
 import torch
 from dist_utils import save_training_checkpoint
 
-from ladder_train.bench.results import latency_note
+from ladder_train.bench.results import distribution, latency_note
 from ladder_train.cli import ladder_bench as bench_main
 from ladder_train.model import ModelArgs, Transformer
 
@@ -26,7 +28,7 @@ def test_bench_refuses_a_tp_degree_or_layout_it_cannot_run(capsys):
 def test_bench_cli_two_ranks_writes_consistent_results(tmp_path):
     out = tmp_path / "bench.jsonl"
     argv = ["--model", "tiny", "--set", "vocab_size=128", "--tp", "2", "--batch-sizes", "1,2", "--prompt-len", "8"]
-    argv += ["--gen-len", "4", "--runs", "1", "--warmup", "0", "--link-latency-ms", "1", "--out", str(out)]
+    argv += ["--gen-len", "4", "--runs", "3", "--warmup", "0", "--link-latency-ms", "1", "--out", str(out)]
     bench_main(argv)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["layout"], r["batch"]) for r in rows] == [
@@ -44,7 +46,16 @@ def test_bench_cli_two_ranks_writes_consistent_results(tmp_path):
         # every standard all-reduce is held >= 1 ms: 2 per layer, 2 layers
         if row["layout"] == "standard":
             assert row["decode_ms_per_token"] >= 4.0
-        assert ("overlap_efficiency" in row) == (row["layout"] != "standard")
+        assert ("overlap_efficiency" in row) == (row["layout"] == "ladder")  # overlap: the ladder's alone
+        # the serving benchmarks' figures: TTFT and TPOT distributions over the 3 timed runs, with their samples
+        ttft, tpot = row["ttft_ms"], row["tpot_ms"]
+        assert len(ttft["samples"]) == len(tpot["samples"]) == len(row["tokens_per_s_runs"]["samples"]) == 3
+        assert ttft["p50"] == pytest.approx(row["prefill_ms"]) and tpot["p50"] == pytest.approx(
+            row["decode_ms_per_token"]
+        )
+        assert min(tpot["samples"]) <= tpot["p50"] <= tpot["p90"] <= tpot["p99"] <= max(tpot["samples"])
+        assert tpot["sd"] == pytest.approx(statistics.stdev(tpot["samples"]))
+        assert row["peak_memory_of"] == "process peak RSS (CPU)" and 0.05 < row["peak_memory_gib"] < 64
 
 
 @pytest.mark.slow
@@ -62,6 +73,15 @@ def test_bench_compile_on_runs_the_three_layouts_with_bounded_compilations(tmp_p
         assert row["compilations"] == 12
         assert row["model_args"]["dim"] == 64 and row["link"] == "gloo"
         assert row["speedup_vs_standard"] == pytest.approx(row["tokens_per_s"] / rows[0]["tokens_per_s"])
+
+
+def test_distribution_gives_numpy_percentiles_and_keeps_the_samples_in_run_order():
+    values = [3.0, 1.0, 2.0, 10.0, 4.0]
+    summary = distribution(values)
+    assert (summary["p50"], summary["p90"], summary["p99"]) == pytest.approx((3.0, 7.6, 9.76))  # numpy's linear
+    assert summary["mean"] == 4.0 and summary["sd"] == pytest.approx(3.5355, abs=1e-4)
+    assert summary["samples"] == values
+    assert distribution([2.5])["sd"] is None and distribution([2.5])["p99"] == 2.5
 
 
 def test_latency_note_compares_x_with_the_shorter_module():
@@ -138,3 +158,105 @@ def test_bench_fails_when_a_timed_run_compiles(monkeypatch, capsys):
     monkeypatch.setattr(runner, "graph_events", lambda: next(events))  # every run "compiles"
     with pytest.raises(RuntimeError, match=r"timed run 1 of tiny \(ladder, comm real, batch 1\) compiled or recorded"):
         bench_main([*TINY_TP1, "--warmup", "1", "--compile", "off"])
+
+
+# -- --profile: a chrome trace per rank of one more, untimed generation of each case ---------------------------
+
+
+def _ops_in(region: dict, events: list[dict], names: tuple[str, ...]) -> list[str]:
+    """The names of ``events`` among ``names`` inside ``region`` on its thread, in time order."""
+    end = region["ts"] + region["dur"]
+    inside = [e for e in events if e["tid"] == region["tid"] and region["ts"] <= e["ts"] <= end and e["name"] in names]
+    return [e["name"] for e in sorted(inside, key=lambda e: e["ts"])]
+
+
+def _overlapped(ops: list[str]) -> int:
+    """How many all-reduces have a matmul between their issue and their wait (waits come in issue order)."""
+    pending, count = [], 0
+    for name in ops:
+        if name == "_c10d_functional::all_reduce":
+            pending.append(False)
+        elif name == "aten::mm":
+            pending = [True] * len(pending)
+        else:  # the wait of the oldest pending all-reduce
+            count += pending.pop(0)
+    return count
+
+
+@pytest.mark.slow
+def test_bench_profile_traces_every_rank_with_each_all_reduce_beside_the_next_module(tmp_path):
+    argv = ["--model", "tiny", "--set", "vocab_size=128", "--tp", "2", "--batch-sizes", "1", "--prompt-len", "8"]
+    argv += ["--gen-len", "4", "--runs", "1", "--warmup", "0", "--profile", str(tmp_path / "traces")]
+    assert bench_main(argv) == 0
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
+        "rank0_batch1.pt.trace.json",
+        "rank1_batch1.pt.trace.json",
+    ]
+    ops = ("_c10d_functional::all_reduce", "_c10d_functional::wait_tensor", "aten::mm")
+    # 4 forwards (the prefill, 3 decode steps) of 2 layers: the standard and ladder reduce 2 modules a layer, parallel 1
+    all_reduces = {"standard": 16, "parallel": 8, "ladder": 16}
+    for rank in (0, 1):
+        trace = json.loads((tmp_path / "traces" / f"rank{rank}_batch1.pt.trace.json").read_text())
+        assert trace["distributedInfo"]["rank"] == rank
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        regions = {e["name"]: e for e in events if e["name"].endswith(" batch=1")}
+        assert sorted(regions) == sorted(f"{lay} comm={c} batch=1" for lay in all_reduces for c in ("real", "none"))
+        assert sum(e["name"] == "gloo:all_reduce" for e in events) == sum(all_reduces.values())
+        for layout, count in all_reduces.items():
+            real = _ops_in(regions[f"{layout} comm=real batch=1"], events, ops)
+            assert real.count("_c10d_functional::all_reduce") == real.count("_c10d_functional::wait_tensor") == count
+            assert real.count("aten::mm") > 0
+            # the ladder waits one module later: each all-reduce but the last of a forward runs beside a module
+            assert _overlapped(real) == (4 * 3 if layout == "ladder" else 0), layout
+            none = _ops_in(regions[f"{layout} comm=none batch=1"], events, ops)
+            assert "_c10d_functional::all_reduce" not in none and none.count("aten::mm") == real.count("aten::mm")
+
+
+def test_bench_refuses_a_profile_path_that_is_a_file(tmp_path, capsys):
+    target = tmp_path / "traces"
+    target.write_text("")
+    capsys.readouterr()
+    assert bench_main(["--model", "tiny", "--tp", "2", "--profile", str(target)]) == 2
+    assert capsys.readouterr().err == f"ladder-bench: error: --profile {target}: not a folder\n"
+
+
+def test_module_times_on_a_gpu_time_the_replays_of_one_cuda_graph(monkeypatch):
+    """On CUDA the module is captured once and its replays are timed (kernel time, no eager launch gaps); the
+    capture itself needs a GPU, so it and the events are stand-ins that record what is done with them."""
+    from ladder_train.bench import module_times
+
+    calls = []
+    elapsed = iter([9.0, 8.0, 3.0, 1.0, 2.0])  # two warm-ups, then three timed replays
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            calls.append("record")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return next(elapsed)
+
+    def capture(fn, device):
+        calls.append(("capture", fn))
+        return lambda: calls.append("replay")
+
+    monkeypatch.setattr(module_times, "_as_cuda_graph", capture)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+
+    def module():
+        calls.append("eager call")
+
+    assert module_times._kernel_ms(module, torch.device("cuda"), reps=3) == 2.0  # median of 3.0, 1.0, 2.0
+    assert calls[0] == ("capture", module) and "eager call" not in calls
+    assert calls[1:] == ["record", "replay", "record"] * 5
+
+
+def test_the_emulated_link_is_refused_where_a_gpu_would_run(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert bench_main(["--model", "tiny", "--tp", "2", "--link-latency-ms", "1"]) == 2
+    assert "emulate a link on the CPU only" in capsys.readouterr().err

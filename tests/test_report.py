@@ -30,6 +30,9 @@ def fabricate_bench(path):
                     "decode_speedup_vs_standard": tps / 100,
                     "comm_share": 0.4,
                     "module_ms": {"attention": 2.0, "mlp": 2.5},
+                    "ttft_ms": {"p50": 40.0 / batch, "p90": 44.0 / batch},
+                    "tpot_ms": {"p50": 1000 / tps, "p90": 1100 / tps},
+                    "tokens_per_s_runs": {"samples": [tps * batch * f for f in (0.95, 1.0, 1.02)]},
                 }
             )
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -55,7 +58,9 @@ def test_report_table_and_plots(tmp_path):
     assert table["piqa_local (acc)"][:2] == ["0.5500", "0.5500"]
     assert table["training tokens/s (median)"][:2] == ["506", "506"]
     # the last ladder row (batch 4): whole-generation speedup beside the decode-step speedup
-    assert table["ladder"][:5] == ["4", "600.0", "6.67", "1.350×", "1.500×"]
+    assert table["ladder"][:7] == ["4", "600.0", "6.67", "10.00 (11.00)", "6.67 (7.33)", "1.350×", "1.500×"]
+    # runs of +-5 %: parallel's 1.2x (114-122.4 against 95-102 tokens/s at batch 1) clears standard's spread
+    assert "Within the spread" not in text
     assert "emulated" in text
     # X = 5 ms against modules of 2.0 / 2.5 ms: the report says only one module can hide each all-reduce
     assert "Emulated X = 5 ms is 2.5x the shorter module's decode compute (attention 2.00 ms, mlp 2.50 ms)" in text
@@ -130,6 +135,19 @@ def test_report_of_a_link_sweep(tmp_path):
     # X / module = 4; measured 205 / 176 = 1.16x; predicted 202 / 172 = 1.17x
     assert ladder[:7] == ["40", "4.00", "ladder", "176.0", "1.11×", "1.16×", "1.17×"]
     assert "](link_sweep.png)" in text and (tmp_path / "out" / "link_sweep.png").stat().st_size > 10_000
+
+
+def test_the_report_says_when_the_runs_spread_covers_a_difference(tmp_path):
+    from ladder_train.report.bench import spread_notes
+
+    rows = [
+        {"layout": "standard", "batch": 1, "tokens_per_s_runs": {"samples": [100.0, 90.0, 110.0]}},
+        {"layout": "ladder", "batch": 1, "tokens_per_s_runs": {"samples": [105.0, 108.0, 111.0]}},
+        {"layout": "parallel", "batch": 1, "tokens_per_s_runs": {"samples": [111.0, 115.0, 120.0]}},
+    ]
+    (note, _) = spread_notes(rows)
+    assert "the tokens/s of ladder at batch 1 overlap standard's" in note and "parallel" not in note
+    assert spread_notes(rows[::2]) == []
 
 
 def test_report_of_benchmarks_alone(tmp_path, capsys):

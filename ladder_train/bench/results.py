@@ -34,6 +34,42 @@ def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
     return rows
 
 
+def percentile(ordered: list[float], q: float) -> float:
+    """The q-th percentile of sorted values, linear between the two nearest ranks (numpy's default)."""
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def distribution(values: list[float]) -> dict:
+    """p50 / p90 / p99, mean and sd (None for one value) of per-run measurements, with the samples in run order."""
+    ordered = sorted(values)
+    return {
+        "p50": percentile(ordered, 50),
+        "p90": percentile(ordered, 90),
+        "p99": percentile(ordered, 99),
+        "mean": statistics.fmean(values),
+        "sd": statistics.stdev(values) if len(values) > 1 else None,
+        "samples": list(values),
+    }
+
+
+def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: int) -> dict:
+    """Medians (the headline figures), and the distributions serving benchmarks report: time to first token
+    (TTFT: the prefill, which produces token 1) and time per output token after it (TPOT: one decode step), each
+    with p50 / p90 / p99, mean, sd and the raw per-run samples; end-to-end tokens/s per run likewise."""
+    prefill, decode, total = zip(*samples, strict=True)
+    return {
+        "prefill_ms": 1e3 * statistics.median(prefill),
+        "decode_ms_per_token": 1e3 * statistics.median(decode),
+        "tokens_per_s": batch * gen_len / statistics.median(total),
+        "ttft_ms": distribution([1e3 * t for t in prefill]),
+        "tpot_ms": distribution([1e3 * t for t in decode]),
+        "tokens_per_s_runs": distribution([batch * gen_len / t for t in total]),
+    }
+
+
 def write_rows(rows: list[dict], path: str | Path) -> None:
     """Append ``rows`` to a JSON lines file."""
     with open(path, "a") as f:
@@ -43,7 +79,7 @@ def write_rows(rows: list[dict], path: str | Path) -> None:
 
 def derive(rows: list[dict]) -> None:
     """Speedups against the standard row of the same model shape and batch size, the ceiling, the
-    communication share and the overlap efficiency (decode step), added to each row in place."""
+    communication share and, for the ladder, the overlap efficiency (decode step), added to each row in place."""
     standard = {(r["shape"], r["batch"]): r for r in rows if r["layout"] == "standard"}
     for row in rows:
         ref = standard.get((row["shape"], row["batch"]))
@@ -57,7 +93,8 @@ def derive(rows: list[dict]) -> None:
             row["ceiling_decode_speedup_vs_standard"] = t_std / t_none
             row["comm_share"] = 1 - t_none_std / t_std
             saveable = min(t_std - t_none_std, t_none_std)
-            if row["layout"] != "standard" and saveable > 0:
+            # overlap is what the ladder does; parallel saves by halving its all-reduces, which this would misname
+            if row["layout"] == "ladder" and saveable > 0:
                 row["overlap_efficiency"] = (t_std - t) / saveable
 
 

@@ -16,6 +16,8 @@ communication share 1 - t(none)/t(standard) and the overlap efficiency
 TP group, as one NCCL stream is: an all-reduce issued at t starts at max(t, end of the previous one) and
 occupies the link X ms + bytes / B; its wait returns no earlier than that end. Eager runs only (host
 sleeps), so it needs ``--compile off``.
+
+``--profile DIR`` traces one more, untimed generation of every case per rank (``bench/profiling.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import dataclasses
 import datetime
 import os
 import platform
-import statistics
 import time
 from pathlib import Path
 
@@ -41,8 +42,11 @@ from ..loading import load_tp_model, resolve_source
 from ..model import RESIDUAL_LAYOUTS, ModelArgs
 from ..model.tp_sharding import check_tp_degree
 from ..parallel import free_port, init_distributed
-from .results import derive, print_table, write_rows
+from .module_times import module_times_ms, peak_memory
+from .profiling import trace_generations
+from .results import derive, print_table, summarize, write_rows
 
+DEFAULT_RUNS = {True: 10, False: 3}  # timed runs per case: on a GPU, on the CPU
 COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
 RECORDED_ENV = (
     "NCCL_P2P_DISABLE",
@@ -66,12 +70,19 @@ def measurements(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
     bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
     if bad or not layouts:
         raise InputError(f"--layouts {','.join(layouts)!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
-    if opts.gen_len < 2 or opts.prompt_len < 1 or opts.runs < 1 or opts.warmup < 0:
+    if opts.gen_len < 2 or opts.prompt_len < 1 or (opts.runs is not None and opts.runs < 1) or opts.warmup < 0:
         raise InputError("need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
     if opts.link_latency_ms < 0 or (opts.link_bandwidth_gbs is not None and opts.link_bandwidth_gbs <= 0):
         raise InputError("--link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
     if opts.compile == "on" and emulated_link(opts):
         raise InputError("the emulated link sleeps on the host and needs --compile off")
+    if emulated_link(opts) and torch.cuda.is_available():  # a host sleep does not delay the GPU's stream
+        raise InputError(
+            "--link-latency-ms / --link-bandwidth-gbs emulate a link on the CPU only (host sleeps do not delay a "
+            "GPU's stream): on a GPU the benchmark measures the real interconnect"
+        )
+    if opts.profile and Path(opts.profile).exists() and not Path(opts.profile).is_dir():
+        raise InputError(f"--profile {opts.profile}: not a folder")
     if opts.compile == "on" and opts.warmup < COMPILED_WARMUP:
         raise InputError(
             f"--compile on needs --warmup >= {COMPILED_WARMUP} (the first run compiles, the second records the CUDA graphs)"
@@ -156,49 +167,6 @@ def time_generation(
     return (marks["prefill"] - start, (end - marks["prefill"]) / (gen_len - 1), end - start), tokens
 
 
-def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: int) -> dict:
-    prefill, decode, total = zip(*samples, strict=True)
-    return {
-        "prefill_ms": 1e3 * statistics.median(prefill),
-        "decode_ms_per_token": 1e3 * statistics.median(decode),
-        "tokens_per_s": batch * gen_len / statistics.median(total),
-    }
-
-
-def _kernel_ms(fn, device: torch.device, reps: int) -> float:
-    """Median milliseconds of ``fn`` after 2 warm-up calls: CUDA events on a GPU (the kernels' own time on
-    the stream, not the host's launch time), host timers on the CPU, where the work is synchronous."""
-    samples = []
-    for _ in range(reps + 2):
-        if device.type == "cuda":
-            begin, finish = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            fn()
-            finish.record()
-            finish.synchronize()
-            samples.append(begin.elapsed_time(finish))
-        else:
-            start = time.perf_counter()
-            fn()
-            samples.append(1e3 * (time.perf_counter() - start))
-    return statistics.median(samples[2:])
-
-
-@torch.no_grad()
-def module_times_ms(model, batch: int, pos: int, device, dtype, reps: int = 20) -> dict:
-    """One decode step's compute for the attention and the MLP of layer 0 on this rank (no communication)."""
-    layer = model.layers[0]
-    model.setup_kv_cache(batch, pos + 1)  # attention reads a cache of ``pos`` keys, as in a decode step
-    x = torch.randn(batch, 1, model.args.dim, device=device, dtype=dtype)
-    cos, sin = model.rope_cos[pos : pos + 1], model.rope_sin[pos : pos + 1]
-    out = {
-        "attention": _kernel_ms(lambda: layer.attention(x, cos, sin, pos), device, reps),
-        "mlp": _kernel_ms(lambda: layer.mlp(x), device, reps),
-    }
-    model.clear_kv_cache()
-    return out
-
-
 def run_rank(opts: argparse.Namespace):
     """One TP rank (the whole benchmark when TP = 1). Rank 0 prints and writes the results."""
     env = init_distributed(group_of_one=False)
@@ -209,6 +177,8 @@ def run_rank(opts: argparse.Namespace):
     compiled = opts.compile == "on" or (opts.compile == "auto" and cuda and not emulated_link(opts))
     if compiled and opts.warmup < COMPILED_WARMUP:  # --compile auto on a GPU: the warm-up a compiled run needs
         opts = argparse.Namespace(**{**vars(opts), "warmup": COMPILED_WARMUP})
+    if opts.runs is None:  # enough runs for a p90 on a GPU; the CPU's runs are long
+        opts = argparse.Namespace(**{**vars(opts), "runs": DEFAULT_RUNS[env.device.type == "cuda"]})
     group = dist.group.WORLD if env.world_size > 1 else None
     info = environment(env.device, env.world_size, opts, compiled, dtype)
     try:
@@ -219,8 +189,11 @@ def run_rank(opts: argparse.Namespace):
             compiled_before = compilations()
         rows = []
         for batch in opts.batch_sizes:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(env.device)
             samples = measure_batch(opts, entries, batch, env.device, group)
-            rows += [{**row, **info} for row in batch_rows(opts, entries, batch, samples, env.device, dtype)]
+            memory = peak_memory(env.device)
+            rows += [{**row, **info, **memory} for row in batch_rows(opts, entries, batch, samples, env.device, dtype)]
         if compiled:
             # prefill + decode graph per (model, communicator, batch size); more would be a recompile per step
             info["compilations"] = compilations() - compiled_before
@@ -279,6 +252,10 @@ def measure_batch(opts: argparse.Namespace, entries: list, batch: int, device, g
                         )
                     samples.setdefault((index, comm_name), []).append(sample_)
     check_tokens_agree(tokens, group)
+    if opts.profile:  # one more, untimed generation of each case under the profiler
+        trace_generations(
+            opts.profile, entries, batch, device, lambda gen: time_generation(gen, prompt, opts.gen_len, group)
+        )
     for *_, gen, _ in entries:  # every model's cache lives through the batch size's runs (round robin)
         gen.release()
     return samples

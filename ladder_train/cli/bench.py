@@ -33,7 +33,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--link-bandwidth-gbs", type=float, default=None, help="emulated link bandwidth in GB/s (default: infinite)"
     )
     p.add_argument("--warmup", type=non_negative_int, default=1)
-    p.add_argument("--runs", type=positive_int, default=3)
+    p.add_argument(
+        "--runs", type=positive_int, default=None, help="timed runs per case (default: 10 on a GPU, 3 on the CPU)"
+    )
     p.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="auto: on with CUDA")
     p.add_argument(
         "--compile-backend", default="inductor", help="torch.compile backend (inductor; aot_eager compiles faster)"
@@ -41,6 +43,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-ceiling", action="store_true", help="skip the comm: none measurement")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON lines results file (appended)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="after the timed runs, trace one more generation of each case into DIR (a chrome trace per rank)",
+    )
     opts = p.parse_args(argv)
     opts.models, opts.layouts = names(opts.model), names(opts.layouts)
     opts.batch_sizes = int_list("--batch-sizes", opts.batch_sizes)

@@ -17,7 +17,8 @@ def plot_bench(rows: list[dict], out: Path) -> Path:
     for i, layout in enumerate(layouts):
         by_batch = {r["batch"]: r for r in rows if r["layout"] == layout}
         xs = [b + (i - (len(layouts) - 1) / 2) * width for b in range(len(batches))]
-        ax.bar(xs, [by_batch.get(b, {}).get("tokens_per_s", 0) for b in batches], width, color=f"C{i}", label=layout)
+        heights = [by_batch.get(b, {}).get("tokens_per_s", 0) for b in batches]
+        ax.bar(xs, heights, width, color=f"C{i}", label=layout, yerr=_run_range(by_batch, batches, heights), capsize=3)
         ceilings = [by_batch.get(b, {}).get("none", {}).get("tokens_per_s") for b in batches]
         points = [(x, c) for x, c in zip(xs, ceilings, strict=True) if c]
         if points:
@@ -43,12 +44,30 @@ def plot_bench(rows: list[dict], out: Path) -> Path:
     )
 
 
+def _run_range(by_batch: dict, batches: list[int], heights: list[float]):
+    """Error bars from the lowest to the highest tokens/s of the timed runs (None for rows without samples)."""
+    runs = [by_batch.get(b, {}).get("tokens_per_s_runs", {}).get("samples") for b in batches]
+    if not all(runs):
+        return None
+    return [
+        [h - min(r) for h, r in zip(heights, runs, strict=True)],
+        [max(r) - h for h, r in zip(heights, runs, strict=True)],
+    ]
+
+
+def _p50_p90(row: dict, key: str) -> str:
+    values = row.get(key)
+    return "—" if not values else f"{values['p50']:.2f} ({values['p90']:.2f})"
+
+
 def bench_table(rows: list[dict]) -> str:
     header = [
         "layout",
         "batch",
         "tokens/s",
         "decode ms/token",
+        "TTFT ms p50 (p90)",
+        "TPOT ms p50 (p90)",
         "speedup vs standard (end-to-end)",
         "decode speedup vs standard",
         "ceiling tokens/s",
@@ -68,6 +87,8 @@ def bench_table(rows: list[dict]) -> str:
                 str(r["batch"]),
                 f"{r['tokens_per_s']:,.1f}",
                 f"{r['decode_ms_per_token']:.2f}",
+                _p50_p90(r, "ttft_ms"),
+                _p50_p90(r, "tpot_ms"),
                 "—" if speedup is None else f"{speedup:.3f}×",
                 "—" if decode_speedup is None else f"{decode_speedup:.3f}×",
                 "—" if not none else f"{none['tokens_per_s']:,.1f}",
@@ -113,6 +134,27 @@ def bench_section(rows: list[dict], out: Path) -> list[str]:
         "",
         bench_table(rows),
         "",
+        *spread_notes(rows),
         f"![TP throughput]({plot_bench(rows, out).name})",
     ]
     return lines
+
+
+def spread_notes(rows: list[dict]) -> list[str]:
+    """Where a layout's tokens/s over the timed runs overlaps standard's (lowest to highest run), the difference
+    the table shows is within the run-to-run spread: say so, rather than let a ratio of medians stand alone."""
+    runs = {(r["layout"], r["batch"]): r.get("tokens_per_s_runs", {}).get("samples") for r in rows}
+    within = []
+    for (layout, batch), samples in runs.items():
+        reference = runs.get(("standard", batch))
+        if layout == "standard" or not samples or not reference or len(samples) < 2:
+            continue
+        if min(samples) <= max(reference) and min(reference) <= max(samples):
+            within.append(f"{layout} at batch {batch}")
+    if not within:
+        return []
+    return [
+        f"Within the spread: the tokens/s of {', '.join(within)} overlap standard's over the timed runs (lowest to "
+        "highest run, the error bars); those speedups are not told apart from 1 by these runs.",
+        "",
+    ]
