@@ -27,7 +27,7 @@ from .errors import InputError
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
 from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensors
 from .model.presets import PRESETS
-from .model.tp_sharding import check_tp_degree, shard_dim, shard_slice
+from .model.tp_sharding import KV_WEIGHTS, check_tp_degree, shard_dim, shard_index
 from .model.transformer import rope_tables
 from .model.validate import check_model_fields, read_json_object
 
@@ -177,6 +177,24 @@ def _export_reader(found: ModelSource):
     return read, set(found.tensors)
 
 
+def _dcp_layouts(args: ModelArgs, tp: int, device_type: str, group) -> dict:
+    """(mesh, placements) for DCP to read each kind of parameter: by its shard dimension (None: replicated) and,
+    when KV heads are replicated (tp above n_kv_heads), ``"kv"`` for wk / wv: a (n_kv_heads, tp / n_kv_heads)
+    mesh of the TP ranks in order, sharded over its first dimension, so TP rank r reads KV head
+    r // (tp / n_kv_heads), as model/tp_sharding.py's ``shard_index`` says. DCP reads by the mesh coordinates
+    alone; no collective runs over these meshes (both dimensions name the TP group)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh = DeviceMesh.from_group(group, device_type)
+    layouts = {None: (mesh, [Replicate()]), 0: (mesh, [Shard(0)]), 1: (mesh, [Shard(1)])}
+    if tp > args.n_kv_heads:
+        ranks = torch.tensor(dist.get_process_group_ranks(group)).reshape(args.n_kv_heads, -1)
+        kv_mesh = DeviceMesh.from_group([group, group], device_type, ranks, mesh_dim_names=("kv", "replica"))
+        layouts["kv"] = (kv_mesh, [Shard(0), Replicate()])
+    return layouts
+
+
 def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: int, device, group):
     """This rank's shard of every parameter of a training checkpoint (DCP), whatever world saved it.
 
@@ -185,18 +203,17 @@ def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: in
     read whole. With one rank there is no group and DCP reads in this process alone."""
     shards = {}
     if tp_size > 1:
-        from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.tensor import DTensor, Replicate, Shard
+        from torch.distributed.tensor import DTensor
 
-        mesh = DeviceMesh.from_group(group, torch.device(device).type)
+        layouts = _dcp_layouts(model.args, tp_size, torch.device(device).type, group)
     for name, param in model.named_parameters():  # ``model`` is on the meta device: shapes only
-        dim = shard_dim(name)
-        index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
+        index = shard_index(name, param.shape, model.args, tp_rank, tp_size)
         local = torch.empty(param[index].shape if index else param.shape, device=device)
         if tp_size > 1:
-            placement = Shard(dim) if dim is not None else Replicate()
+            kind = "kv" if "kv" in layouts and name.endswith(KV_WEIGHTS) else shard_dim(name)
+            mesh, placements = layouts[kind]
             local = DTensor.from_local(
-                local, mesh, [placement], run_check=False, shape=param.shape, stride=param.stride()
+                local, mesh, placements, run_check=False, shape=param.shape, stride=param.stride()
             )
         shards[name] = local
     load_dcp({"model": shards}, path, group=group, no_dist=tp_size == 1, verify=True)
@@ -215,7 +232,8 @@ def load_tp_model(
     **overrides,
 ) -> Transformer:
     """This rank's shard of a model, from an export folder, a training checkpoint or a preset with
-    random weights (model/tp_sharding.py says which dimension of which weight is split).
+    random weights (model/tp_sharding.py says which dimension of which weight is split, and which KV head a rank
+    holds when the TP degree is above ``n_kv_heads``: each is then replicated on tp / n_kv_heads ranks).
 
     A preset is initialised exactly as ``torch.manual_seed(seed)`` + ``Transformer.init_weights`` would
     initialise the full model on ``device`` (one full tensor at a time, then sliced), so every TP degree
@@ -232,8 +250,7 @@ def load_tp_model(
     else:
         torch.manual_seed(seed)
     for name, param in list(model.named_parameters()):
-        dim = shard_dim(name)
-        index = shard_slice(param.shape, dim, tp_rank, tp_size) if dim is not None else None
+        index = shard_index(name, param.shape, args, tp_rank, tp_size)
         if found.kind == "checkpoint":
             local = shards[name]
         elif found.kind == "export":

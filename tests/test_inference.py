@@ -52,9 +52,9 @@ DECODE_STEPS = 8
 LATENCY_MS = 2.0
 
 
-def make_model(residual, ladder_layers):
+def make_model(residual, ladder_layers, **shape):
     torch.manual_seed(0)
-    model = Transformer(ModelArgs(**SHAPE, residual=residual, ladder_layers=ladder_layers))
+    model = Transformer(ModelArgs(**{**SHAPE, **shape}, residual=residual, ladder_layers=ladder_layers))
     with torch.no_grad():  # norms start at ones; perturb them so a wrongly handled norm shows
         for module in model.modules():
             if isinstance(module, RMSNorm):
@@ -259,9 +259,6 @@ def test_random_preset_shards_are_slices_of_the_full_init():
 def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path):
     with pytest.raises(ValueError, match="tensor-parallel degree 3 does not divide n_heads=4"):
         load_tp_model("tiny", tp_rank=0, tp_size=3)
-    path = make_export(tmp_path, "gqa", "standard", None)  # 4 heads, 2 kv heads
-    with pytest.raises(ValueError, match="degree 4 does not divide n_kv_heads=2"):
-        load_tp_model(path, tp_rank=0, tp_size=4)
     with pytest.raises(ValueError, match="neither a model preset"):
         load_tp_model(tmp_path / "missing")
     torn = tmp_path / "checkpoints" / "step-8"
@@ -896,3 +893,92 @@ def test_the_kv_cache_is_allocated_once_per_shape_and_zeroed_between_generations
         assert model.kv_caches()[0].k.shape[0] == 1
     assert torch.equal(again, first) and torch.equal(sampled[1], sampled[0])
     assert torch.equal(first, Generator(make_model("ladder", None)).generate(PROMPT, 10))
+
+
+# TP above the kv-head count: each kv head replicated on tp / n_kv_heads ranks (as vLLM and SGLang do) -------------
+
+REPLICATED_KV = {  # name -> (residual, n_kv_heads); n_heads = 4, run at TP 4
+    "standard_kv2": ("standard", 2),
+    "ladder_kv2": ("ladder", 2),
+    "standard_kv1": ("standard", 1),
+    "ladder_kv1": ("ladder", 1),
+}
+
+
+def _replicated_kv_worker(sources: dict) -> dict:
+    dist.init_process_group("gloo")
+    results = {}
+    for name, path in sources.items():
+        model = load_tp_model(path, tp_rank=dist.get_rank(), tp_size=dist.get_world_size())
+        results[name] = run_model(model, TPCommunicator(comm_mode_for(model.args.residual)))
+        results[name]["wk"] = [layer.attention.wk.weight.clone() for layer in model.layers]
+        results[name]["wv"] = [layer.attention.wv.weight.clone() for layer in model.layers]
+        results[name]["local_wq_rows"] = model.layers[0].attention.wq.weight.shape[0]
+        model.setup_kv_cache(1, 4)
+        results[name]["local_kv_cache_heads"] = model.layers[0].attention.kv_cache.k.shape[1]
+    dist.destroy_process_group()
+    return results
+
+
+@pytest.fixture(scope="module")
+def replicated_kv_run(tmp_path_factory):
+    """Every TP = 4 result of 4-head models with 2 and 1 kv heads, from exports (and one training checkpoint),
+    in one 4-process gloo run; plus the full models."""
+    root = tmp_path_factory.mktemp("tp4")
+    models = {name: make_model(residual, None, n_kv_heads=kv) for name, (residual, kv) in REPLICATED_KV.items()}
+    sources = {name: str(save_export(model, root / name)) for name, model in models.items()}
+    sources["ladder_kv2_checkpoint"] = str(save_training_checkpoint(models["ladder_kv2"], root / "run"))
+    ranks = run_ranks(_replicated_kv_worker, 4, sources)
+    full = {name: load_model(sources[name]).eval() for name in REPLICATED_KV}
+    return ranks, full, {name: run_model(model) for name, model in full.items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(REPLICATED_KV))
+def test_tp_above_the_kv_heads_gives_the_single_process_logits_and_tokens(replicated_kv_run, name):
+    ranks, _, reference = replicated_kv_run
+    for result in ranks:
+        torch.testing.assert_close(result[name]["cached"], reference[name]["cached"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(result[name]["recompute"], reference[name]["recompute"], atol=1e-5, rtol=1e-5)
+        assert torch.equal(result[name]["greedy"], reference[name]["greedy"])
+        # one of 4 query heads (head dim 8) and one kv head, replicated: the cache holds 1 head per rank
+        assert result[name]["local_wq_rows"] == 8 and result[name]["local_kv_cache_heads"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, kv_head_of_rank", [("ladder_kv2", [0, 0, 1, 1]), ("standard_kv1", [0, 0, 0, 0])])
+def test_tp_above_the_kv_heads_each_rank_holds_the_kv_head_of_its_query_head(replicated_kv_run, name, kv_head_of_rank):
+    """Rank r holds query head r, which uses kv head r // (4 / n_kv_heads) in grouped-query attention."""
+    ranks, full, _ = replicated_kv_run
+    sources = [name, "ladder_kv2_checkpoint"] if name == "ladder_kv2" else [name]
+    for rank, head in enumerate(kv_head_of_rank):
+        for i, layer in enumerate(full[name].layers):
+            rows = slice(head * 8, (head + 1) * 8)
+            for source in sources:
+                assert torch.equal(ranks[rank][source]["wk"][i], layer.attention.wk.weight[rows]), (rank, i, source)
+                assert torch.equal(ranks[rank][source]["wv"][i], layer.attention.wv.weight[rows]), (rank, i, source)
+
+
+@pytest.mark.slow
+def test_tp_above_the_kv_heads_from_a_training_checkpoint(replicated_kv_run):
+    ranks, _, reference = replicated_kv_run
+    for result in ranks:
+        got = result["ladder_kv2_checkpoint"]
+        torch.testing.assert_close(got["cached"], reference["ladder_kv2"]["cached"], atol=1e-5, rtol=1e-5)
+        assert torch.equal(got["greedy"], reference["ladder_kv2"]["greedy"])
+
+
+def test_tp_degrees_that_cannot_shard_the_heads_are_refused_before_loading(tmp_path):
+    cases = {  # (n_heads, n_kv_heads, dim) at TP 4 -> the one-line error
+        (6, 2, 48): "tensor-parallel degree 4 does not divide n_heads=6",
+        (12, 3, 48): "tensor-parallel degree 4 is above n_kv_heads=3 (n_heads=12) but not a multiple of it: "
+        "the KV heads cannot be replicated evenly",
+        (12, 6, 48): "tensor-parallel degree 4 does not divide n_kv_heads=6 (n_heads=12): "
+        "the KV heads cannot be split evenly",
+    }
+    for (n_heads, n_kv_heads, dim), message in cases.items():
+        model = make_model("ladder", None, dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads)
+        path = save_export(model, tmp_path / f"h{n_heads}_kv{n_kv_heads}")
+        with pytest.raises(ValueError) as err:
+            load_tp_model(path, tp_rank=0, tp_size=4)
+        assert str(err.value) == f"{path}: {message}"

@@ -233,3 +233,66 @@ def test_last_only_logits_are_the_last_position_of_the_full_logits(residual):
         full, last = model(IDS), model(IDS, last_only=True)
     assert last.shape == (IDS.shape[0], 1, full.shape[-1])
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
+
+
+# the TP sharding rule for KV heads (model/tp_sharding.py): split when TP divides n_kv_heads, replicated above it
+
+
+@pytest.mark.parametrize(
+    "n_heads, n_kv_heads, tp, expected",
+    [
+        (4, 2, 2, [[0], [1]]),
+        (4, 2, 4, [[0], [0], [1], [1]]),  # each KV head on 2 ranks
+        (4, 1, 4, [[0], [0], [0], [0]]),
+        (8, 4, 2, [[0, 1], [2, 3]]),
+        (128, 8, 16, [[r // 2] for r in range(16)]),  # Llama-3.1-405B at TP 16
+        (48, 3, 6, [[r // 2] for r in range(6)]),
+        (48, 3, 12, [[r // 4] for r in range(12)]),
+    ],
+)
+def test_kv_heads_of_rank_are_the_ones_its_query_heads_use(n_heads, n_kv_heads, tp, expected):
+    from ladder_train.model.tp_sharding import check_tp_degree, kv_heads_of_rank, local_kv_heads, shard_index
+
+    args = ModelArgs(dim=16 * n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=64 * tp)
+    check_tp_degree(args, tp)
+    held = [list(kv_heads_of_rank(args, rank, tp)) for rank in range(tp)]
+    assert held == expected
+    assert all(len(heads) == local_kv_heads(n_kv_heads, tp) for heads in held)
+    group = n_heads // n_kv_heads  # query head q uses KV head q // group
+    for rank in range(tp):
+        query_heads = range(rank * n_heads // tp, (rank + 1) * n_heads // tp)
+        assert {q // group for q in query_heads} <= set(held[rank])
+        wk_rows = shard_index("layers.0.attention.wk.weight", (n_kv_heads * 16, args.dim), args, rank, tp)[0]
+        assert (wk_rows.start, wk_rows.stop) == (held[rank][0] * 16, (held[rank][-1] + 1) * 16)
+        wq_rows = shard_index("layers.0.attention.wq.weight", (n_heads * 16, args.dim), args, rank, tp)[0]
+        assert (wq_rows.start, wq_rows.stop) == (query_heads.start * 16, query_heads.stop * 16)
+        assert shard_index("layers.0.attention_norm.weight", (args.dim,), args, rank, tp) is None
+
+
+@pytest.mark.parametrize(
+    "n_heads, n_kv_heads, tp, message",
+    [
+        (6, 2, 4, "m: tensor-parallel degree 4 does not divide n_heads=6"),
+        (
+            12,
+            3,
+            4,
+            "m: tensor-parallel degree 4 is above n_kv_heads=3 (n_heads=12) but not a multiple of it: "
+            "the KV heads cannot be replicated evenly",
+        ),
+        (
+            12,
+            6,
+            4,
+            "m: tensor-parallel degree 4 does not divide n_kv_heads=6 (n_heads=12): the KV heads cannot be split evenly",
+        ),
+    ],
+)
+def test_tp_degrees_that_cannot_shard_the_heads_are_refused_in_one_line(n_heads, n_kv_heads, tp, message):
+    from ladder_train.errors import InputError
+    from ladder_train.model.tp_sharding import check_tp_degree
+
+    args = ModelArgs(dim=8 * n_heads, n_heads=n_heads, n_kv_heads=n_kv_heads, ffn_dim=64)
+    with pytest.raises(InputError) as err:
+        check_tp_degree(args, tp, "m")
+    assert str(err.value) == message

@@ -419,3 +419,46 @@ def test_gpu_profiles_take_their_peak_from_the_card_table(tmp_path):
     mine.write_text(yaml_profile(link).replace("peak_tflops: 1", "card: b200"))
     with pytest.raises(InputError, match=r"mine.yaml: g.card: unknown card 'b200' \(known: h100_sxm, "):
         load_profiles(mine)
+
+
+def test_llama_405b_at_tp_16_replicates_its_kv_heads():
+    """TP 16 over 8 KV heads: each rank holds one KV head (replicated on 2 ranks, as vLLM and SGLang serve it),
+    so a rank reads the KV weights and the KV cache of a whole head, as at TP 8, while its query heads halve."""
+    shape = resolve_shape("llama-405b")  # 128 heads of 128, 8 KV heads, hidden 16384
+    b, d, hd, batch, kv_len = 2, 16384, 128, 4, 1000
+    kernels = {tp: module_kernels(shape, DEV, tp, batch, 1, kv_len)["attention"] for tp in (8, 16)}
+    for tp, heads in ((8, 16), (16, 8)):
+        wq, wk, wv = kernels[tp][1:4]  # after the (fused) norm
+        assert wq.bytes == b * (d * heads * hd + batch * (d + heads * hd))
+        assert wk.bytes == wv.bytes == b * (d * 1 * hd + batch * (d + 1 * hd))  # one KV head's weights
+        cache = batch * 1 * kv_len * hd * b  # the rank's K (or V) cache: one head
+        # norm, q, k, v, rope, the cache write (2), then repeat_interleave: reads the cache, writes `heads` heads
+        assert kernels[tp][7].flops == 0 and kernels[tp][7].bytes == 2 * cache * (1 + heads)
+    # n_kv_heads / tp would have halved them: the replication costs TP 16 what TP 8 reads per rank
+    assert kernels[16][2].bytes == kernels[8][2].bytes
+    assert kernels[16][1].bytes < kernels[8][1].bytes
+
+
+def test_ladder_predict_llama_405b_at_tp_16(tmp_path, capsys):
+    out = tmp_path / "p.jsonl"
+    argv = ["--model", "llama-405b", "--gpu", "h100", "--link", "nvlink", "--tp", "16", "--batch-sizes", "1"]
+    assert predict_main([*argv, "--prompt-len", "128", "--gen-len", "16", "--out", str(out)]) == 0
+    rows = {r["layout"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == ["ladder", "none", "parallel", "standard"]
+    assert all(r["tp"] == 16 and r["prediction"] is True for r in rows.values())
+    std, lad, none = rows["standard"], rows["ladder"], rows["none"]
+    assert std["decode_ms_per_token"] > lad["decode_ms_per_token"] > none["decode_ms_per_token"] > 0
+
+
+@pytest.mark.parametrize(
+    "tp, message",
+    [
+        (12, "tensor-parallel degree 12 is above n_kv_heads=8 (n_heads=24) but not a multiple of it"),
+        (6, "tensor-parallel degree 6 does not divide n_kv_heads=8 (n_heads=24)"),
+    ],
+)
+def test_ladder_predict_refuses_kv_heads_it_cannot_split_or_replicate(capsys, tp, message):
+    argv = ["--model", "llama-3b", "--set", "ffn_dim=12288", "--gpu", "h100", "--tp", str(tp), "--batch-sizes", "1"]
+    assert predict_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ladder-predict: error: llama-3b:ffn_dim=12288: {message}") and err.count("\n") == 1

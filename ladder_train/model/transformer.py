@@ -138,7 +138,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal grouped-query self-attention. Under TP each rank holds ``n_heads / tp`` heads; the output
+    """Causal grouped-query self-attention. Under TP each rank holds ``n_heads / tp`` heads and the KV heads they
+    use (``n_kv_heads / tp``, or one replicated above ``n_kv_heads`` ranks: model/tp_sharding.py); the output
     projection then gives a partial sum that the caller reduces."""
 
     def __init__(self, args: ModelArgs):

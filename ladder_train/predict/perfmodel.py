@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from ..model.tp_sharding import check_tp_degree, local_kv_heads
 from ..model.transformer import RESIDUAL_LAYOUTS
 from .shapes import Shape
 
@@ -139,7 +140,8 @@ def module_kernels(
     position, the fp32 cast, the sampling). ``kv_len``: the cache length attention reads."""
     b, d, T = device.dtype_bytes, shape.dim, batch * q_len
     ops = FUSED_OPS if device.compiled else EAGER_OPS
-    hd, h, kv = shape.head_dim, shape.n_heads // tp, shape.n_kv_heads // tp
+    # above n_kv_heads ranks each rank holds one KV head, replicated (its weights and its cache)
+    hd, h, kv = shape.head_dim, shape.n_heads // tp, local_kv_heads(shape.n_kv_heads, tp)
     act = T * d * b
 
     def fixed(piece: str, nbytes: float) -> list[Kernel]:
@@ -338,9 +340,7 @@ def predict_rows(
     layouts=RESIDUAL_LAYOUTS,
 ) -> list[dict]:
     """One row per (batch, layout) plus the ``none`` ceiling, with speedups against standard."""
-    for field_name in ("n_heads", "n_kv_heads", "ffn_dim"):
-        if getattr(shape, field_name) % tp:
-            raise InputError(f"{shape.name}: TP {tp} does not divide {field_name}={getattr(shape, field_name)}")
+    check_tp_degree(shape.args, tp, shape.name)  # the TP loader's rule: KV heads split or replicated evenly
     if link_name not in device.links:
         raise InputError(f"profile {device.name}: no link {link_name!r} (has {', '.join(device.links)})")
     link = device.links[link_name]
