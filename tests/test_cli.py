@@ -66,6 +66,7 @@ BAD_INPUT = [
     ("ladder-predict", ["--model", "nope"], "nope"),
     ("ladder-predict", ["--gpu", "tpu"], "tpu"),
     ("ladder-predict", ["--prompt-len", "0"], "argument --prompt-len: expected an integer >= 1, got '0'"),
+    ("ladder-predict", ["paper", "--gpu", "tpu"], "--gpu 'tpu': no such profile"),
     (
         "ladder-predict",
         ["calibrate", "--out", "{root}/cpu.yaml", "--reps", "0"],

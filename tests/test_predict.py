@@ -1,14 +1,16 @@
 """ladder-predict: the simulated timeline against hand-computed ones, the roofline and all-reduce costs,
-the profile file checks, the JSON rows, the --compare arithmetic and the shipped profile against the paper."""
+the profile file checks and each constant's origin, the JSON rows, the --compare arithmetic, and the predictor against
+the paper's 70B table out of sample."""
 
+import dataclasses
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
 from ladder_train.cli import ladder_predict as predict_main
-from ladder_train.paper import INFERENCE_TP8_70B_INFERRED
-from ladder_train.predict import compare
+from ladder_train.predict import compare, paper_check
 from ladder_train.predict.calibrate import fit_alpha_beta
 from ladder_train.predict.hardware import load_profiles, parse_profiles
 from ladder_train.predict.perfmodel import (
@@ -332,23 +334,147 @@ def test_calibration_fit_recovers_alpha_and_bandwidth():
     assert alpha == pytest.approx(300e-6) and busbw == pytest.approx(2e9)
 
 
-def test_shipped_h100_profile_against_the_paper():
-    """A guard on the shipped profile (not fitted to the paper's TP 8 table, 70B inferred): the mean error over the 12 cells
-    stays what docs/benchmarks.md reports."""
-    devices, shape = load_profiles(), resolve_shape("llama-70b")
-    rows = {
-        (link, r["batch"], r["layout"]): r
-        for link in ("nvlink", "pcie")
-        for r in predict_rows(
-            shape, devices["h100"], link, 8, [1, 4, 16, 64], 1024, 512, layouts=("standard", "ladder")
-        )
-    }
-    errors = []
-    for batch, (tok_s, on, off) in INFERENCE_TP8_70B_INFERRED.items():
-        errors.append(rows[("nvlink", batch, "standard")]["tokens_per_s"] / tok_s - 1)
-        errors.append(rows[("nvlink", batch, "ladder")]["speedup_vs_standard"] / on - 1)
-        errors.append(rows[("pcie", batch, "ladder")]["speedup_vs_standard"] / off - 1)
-    assert statistics.fmean(abs(e) for e in errors) < 0.10
+# -- against the paper's 70B table (docs/benchmarks.md, "Against the paper") ------------------------------------
+# The shipped h100 profile's hand-set constants were set with that table available: no tolerance is pinned on its
+# error against it. What is checked: the fit machinery, the out-of-sample error (each batch size predicted by
+# constants fitted to the other three) and that the committed comparison is what the code gives.
+
+
+def test_paper_cells_and_their_prediction():
+    cells = paper_check.paper_cells()
+    assert len(cells) == 16 and len({(c.quantity, c.setting, c.batch) for c in cells}) == 16
+    off = next(c for c in cells if (c.quantity, c.setting, c.batch) == ("standard tokens/s", "P2P disabled", 64))
+    assert (off.paper, off.link) == (1454.42, "pcie")
+    h100 = load_profiles()["h100"]
+    rows = predict_rows(resolve_shape("llama-70b"), h100, "pcie", 8, [64], 1024, 512, layouts=("standard", "ladder"))
+    by = {r["layout"]: r for r in rows}
+    on = next(c for c in cells if (c.quantity, c.setting, c.batch) == ("ladder speedup", "P2P disabled", 64))
+    assert paper_check.predict_cells(h100, [off, on]) == [
+        by["standard"]["tokens_per_s"],
+        by["ladder"]["speedup_vs_standard"],
+    ]
+    assert paper_check.errors([off], [727.21]) == [pytest.approx(727.21 / 1454.42 - 1)]
+
+
+def test_fit_recovers_the_constants_a_table_was_made_with():
+    """A table the model itself made with known constants: fitted on three batch sizes, the fit finds them and
+    predicts the fourth exactly. From the shipped values, two grid steps away in mem_eff and kernel_us, which
+    trade against each other (a one-constant-at-a-time search stalls there)."""
+    h100, cells = load_profiles()["h100"], paper_check.paper_cells()
+    known = {"compute_eff": 0.7, "mem_eff": 0.9, "kernel_us": 1.5, "interference": 0.04, "pcie_alpha_us": 30.0}
+    made = paper_check.predict_cells(paper_check.with_values(h100, known), cells)
+    table = [dataclasses.replace(c, paper=v) for c, v in zip(cells, made, strict=True)]
+    grids = {**paper_check.GRIDS, "compute_eff": (0.7,)}
+    predictor = paper_check.Predictor(h100)
+    values, train_err = paper_check.fit(predictor, [c for c in table if c.batch != 1], grids)
+    assert values == known and train_err == pytest.approx(0, abs=1e-12)
+    held = [c for c in table if c.batch == 1]
+    assert predictor.cells(values, held) == pytest.approx([c.paper for c in held], rel=1e-12)
+
+
+@pytest.fixture(scope="module")
+def against_paper():
+    return paper_check.check(load_profiles()["h100"])
+
+
+def test_h100_out_of_sample_against_the_paper(against_paper):
+    """Every cell predicted by hand-set constants fitted without its batch size (public figures fixed): the
+    ladder's speedups within 10 % each, the mean over the 16 cells under 10 %. The standard tokens/s cells have
+    no per-cell bound: P2P-disabled batch 64 is 45 % low (docs/benchmarks.md says why)."""
+    cells = against_paper["cells"]
+    speedups = [c for c in cells if c["quantity"] == "ladder speedup"]
+    assert len(cells) == 16 and len(speedups) == 8
+    assert max(abs(c["out_of_sample_error"]) for c in speedups) < 0.10
+    assert statistics.fmean(abs(c["out_of_sample_error"]) for c in cells) < 0.10
+    for fold in against_paper["folds"]:  # each fold's constants lie on the stated grids
+        assert all(fold["fitted"][k] in paper_check.GRIDS[k] for k in paper_check.FREE)
+
+
+def test_the_committed_comparison_is_what_the_predictor_gives(against_paper):
+    """docs/results/predict_paper70.json (the table docs/benchmarks.md shows, through docs_tables) is the output
+    of `ladder-predict paper` as the code stands: a change of the model or of a profile must regenerate it."""
+    committed = json.loads((Path(__file__).parents[1] / "docs/results/predict_paper70.json").read_text())
+    keys = ("predicted", "error", "out_of_sample", "out_of_sample_error", "paper")
+    for ours, theirs in zip(against_paper["cells"], committed["cells"], strict=True):
+        assert {k: ours[k] for k in keys} == pytest.approx({k: theirs[k] for k in keys}, rel=1e-9)
+    assert (committed["header"], committed["rows"], committed["note"]) == (
+        against_paper["header"],
+        against_paper["rows"],
+        against_paper["note"],
+    )
+    assert committed["folds"] == against_paper["folds"]
+
+
+def test_ladder_predict_paper_writes_the_comparison(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(paper_check, "check", lambda device: {**FAKE_CHECK, "profile": device.name})
+    out = tmp_path / "paper.json"
+    assert predict_main(["paper", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| the paper's row | batch |" in printed and "| a | 1 |" in printed
+    written = json.loads(out.read_text())
+    assert written["command"] == f"ladder-predict paper --out {out}" and written["profile"] == "h100"
+    assert predict_main(["paper", "--gpu", "cpu"]) == 2  # no nvlink / pcie links
+    assert "the profile has no link nvlink, pcie" in capsys.readouterr().err
+
+
+FAKE_CHECK = {"header": ["the paper's row", "batch"], "rows": [["a", "1"]], "note": "n"}
+
+
+# -- where each constant comes from ---------------------------------------------------------------------------
+
+
+def test_every_shipped_constant_says_its_origin():
+    from ladder_train.predict.hardware import ORIGIN_NEEDED, _shipped_data, origins
+
+    said = origins()
+    for name, entry in _shipped_data().items():
+        if name == "cards":
+            continue
+        needed = [k for k in (*ORIGIN_NEEDED["device"], "card") if k in entry]
+        needed += [f"links.{ln}.{k}" for ln, link in entry["links"].items() for k in ORIGIN_NEEDED["link"] if k in link]
+        assert [k for k in needed if k not in said[name]] == [], name
+    # the out-of-sample check fits the hand-set constants and holds the rest fixed: the fitted ones say so, the
+    # fixed ones are public figures
+    h100 = said["h100"]
+    for keys in paper_check.FREE_KEYS.values():
+        assert all(h100[k].startswith("fitted: set by hand with the paper's 70B table") or
+                   h100[k].startswith("fitted: nvlink's value") for k in keys), keys  # fmt: skip
+    assert all(h100[k].split(":")[0] in ("spec", "measured") for k in paper_check.FIXED_KEYS)
+    assert said["cpu"]["links.gloo.alpha_us"].startswith("fitted: ")  # the calibration's alpha-beta fit
+
+
+def test_origin_entries_are_checked_and_do_not_change_a_prediction(tmp_path):
+    link = "    fast: {alpha_us: 5, busbw_gbs: 10, origin: {alpha_us: 'measured: here'}}\n"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml_profile(link) + "  origin: {mem_bw_gbs: 'spec: a datasheet', kernel_us: 'assumed: 1'}\n")
+    with_origin = load_profiles(mine)["g"]
+    mine.write_text(yaml_profile("    fast: {alpha_us: 5, busbw_gbs: 10}\n"))
+    assert with_origin == load_profiles(mine)["g"]
+    mine.write_text(yaml_profile(link) + "  origin: {mem_bw_gbs: 'from a blog'}\n")
+    with pytest.raises(InputError, match=r"mine.yaml: g.origin.mem_bw_gbs must be 'KIND: where from', KIND one of"):
+        load_profiles(mine)
+    mine.write_text(yaml_profile(link) + "  origin: {mem_bw: 'spec: x'}\n")
+    with pytest.raises(InputError, match=r"mine.yaml: g.origin.mem_bw: names no constant of this entry"):
+        load_profiles(mine)
+    mine.write_text(yaml_profile("    fast: {alpha_us: 5, busbw_gbs: 10, origin: {busbw: 'spec: x'}}\n"))
+    with pytest.raises(InputError, match=r"mine.yaml: g.links.fast.origin.busbw: names no constant"):
+        load_profiles(mine)
+
+
+def test_a_calibrated_profile_says_its_origins(tmp_path):
+    from ladder_train.predict.calibrate import SIZES, profile_yaml
+    from ladder_train.predict.hardware import origins
+
+    m = {"matmul_flops": 5e10, "gemv_bytes_s": 1e10, "op_s": 1e-5, "attention_s": 5e-4, "mlp_s": 1e-4, "step_s": 0.0,
+         "allreduce_s": [5e-4 + s / 1e9 for s in SIZES], "interference": 0.2,
+         "overlap_raw": {"allreduce_1mb_s": 2e-3, "work_alone_s": 1e-2, "work_with_allreduce_s": 1.1e-2}}  # fmt: skip
+    path = tmp_path / "cpu.yaml"
+    path.write_text(profile_yaml(m))
+    said = origins(path)["cpu"]
+    assert said["peak_tflops"].startswith("measured: ladder-predict calibrate")
+    assert said["links.gloo.busbw_gbs"].startswith("fitted: ") and said["links.gloo.interference"].startswith(
+        "measured"
+    )
 
 
 def test_measured_block_overheads_replace_kernel_counts(tmp_path):

@@ -8,6 +8,7 @@ and ladder layouts and of the no-communication ceiling under tensor parallelism,
     ladder-predict --compare bench.jsonl [--profile cpu.yaml]      # against ladder-bench's measurements
     ladder-predict calibrate --out cpu.yaml                         # measure this machine's `cpu` profile
     ladder-predict validate --out-dir DIR                           # calibrate + ladder-bench runs + --compare
+    ladder-predict paper [--out FILE.json]                          # against all 16 cells of the paper's 70B table
 """
 
 from __future__ import annotations
@@ -104,6 +105,36 @@ def validate(argv: list[str]) -> int:
     return 0
 
 
+def paper(argv: list[str]) -> int:
+    """``ladder-predict paper``."""
+    import json
+
+    from ..predict import paper_check
+    from ..predict.hardware import load_profiles
+
+    p = Parser(prog=paper_check.PROG, description=paper_check.__doc__.split("\n\n")[0])
+    p.add_argument("--gpu", default="h100", help="the profile (it needs the links nvlink and pcie)")
+    p.add_argument("--profile", default=None, help="a YAML file of profiles, added to (or replacing) the shipped ones")
+    p.add_argument("--out", default=None, help="JSON file to write (the cells, the fits and the table)")
+    opts = p.parse_args(argv)
+    devices = load_profiles(opts.profile)
+    if opts.gpu not in devices:
+        raise InputError(f"--gpu {opts.gpu!r}: no such profile (have {', '.join(devices)})")
+    missing = [link for link in paper_check.LINKS.values() if link not in devices[opts.gpu].links]
+    if missing:
+        raise InputError(f"--gpu {opts.gpu}: the profile has no link {', '.join(missing)} (the paper's two settings)")
+    result = paper_check.check(devices[opts.gpu])
+    result["command"] = " ".join([paper_check.PROG, *argv])
+    print(f"{paper_check.PROG}: PREDICTED ({opts.gpu} profile) against the paper's cells\n")
+    print(paper_check.markdown(result))
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"\nwritten to {opts.out}")
+    return 0
+
+
 def compare(opts: argparse.Namespace) -> int:
     """``ladder-predict --compare BENCH.jsonl``."""
     from ..predict.compare import bench_rows, compare, print_compare
@@ -126,6 +157,8 @@ def run(argv: list[str]) -> int:
         return calibrate(argv[1:])
     if argv[:1] == ["validate"]:
         return validate(argv[1:])
+    if argv[:1] == ["paper"]:
+        return paper(argv[1:])
     opts = parse_args(argv)
     if opts.compare:
         return compare(opts)

@@ -184,6 +184,15 @@ cpu:
   dtype_bytes: 4
   compiled: false
   gpus_per_node: 2
+  origin:
+    peak_tflops: "measured: {PROG} ({stamp}): a 1024^3 fp32 matmul per rank, both ranks at once"
+    mem_bw_gbs: "measured: {PROG} (the same run): a matrix-vector product over a 128 MB weight per rank"
+    compute_eff: "measured: 1 by construction: peak_tflops is the rate the calibration's matmul reached"
+    mem_eff: "measured: 1 by construction: mem_bw_gbs is the rate the calibration's matrix-vector product reached"
+    kernel_us: "measured: {PROG} (the same run): one eager op (a tiny add) dispatched and run"
+    attention_overhead_us: "measured: {PROG} (the same run): the project's attention block at hidden 64"
+    mlp_overhead_us: "measured: {PROG} (the same run): the project's MLP block at hidden 64"
+    step_overhead_us: "measured: {PROG} (the same run): a decode step at hidden 64 minus its blocks (clipped at 0)"
   links:
     gloo:
       # all-reduce times: {times}
@@ -193,6 +202,10 @@ cpu:
       # compute speed lost while an all-reduce runs (gloo's threads take the ranks' cores): 1 MB all-reduce
       # {1e3 * raw["allreduce_1mb_s"]:.2f} ms; work alone {1e3 * raw["work_alone_s"]:.2f} ms, with it {1e3 * raw["work_with_allreduce_s"]:.2f} ms
       interference: {m["interference"]:.3f}
+      origin:
+        alpha_us: "fitted: alpha + 2 (p - 1) / p x bytes / busbw, least squares on the relative error, to the same run's all-reduce times above"
+        busbw_gbs: "fitted: the same fit, to the same all-reduce times"
+        interference: "measured: {PROG} (the same run): compute time lost while a 1 MB all-reduce runs, over that all-reduce's time"
 """
 
 

@@ -4,6 +4,11 @@ A profile names a device's peak compute (``peak_tflops``, or ``card``: a card of
 the dense bf16 peaks by GPU card that the trainer's MFU reads too) and memory bandwidth, the efficiencies
 assumed for them, a fixed cost per kernel, the dtype, and its links. Any key it does not know, any missing
 key, any value that is not a positive number is refused with one line naming the file, the profile and the key.
+
+A profile and each of its links may say where each of its constants comes from: ``origin: {KEY: "KIND: where
+from"}`` with KIND one of ``ORIGIN_KINDS`` (a public specification, a measurement, fitted to data, or assumed).
+The loader checks it (a known KIND, a KEY the entry has) and the prediction never reads it; every constant
+of the shipped file has one (``ORIGIN_NEEDED``; ``origins`` lists them).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ DEVICE_KEYS = {
     "mlp_overhead_us": (False, "nonneg"),
     "step_overhead_us": (False, "nonneg"),
     "calibrated": (False, "str"),
+    "origin": (False, "origin"),
 }
 LINK_KEYS = {
     "alpha_us": (True, "nonneg"),
@@ -47,9 +53,19 @@ LINK_KEYS = {
     "link_gbs": (False, "pos"),
     "interference": (False, "frac"),
     "description": (False, "str"),
+    "origin": (False, "origin"),
 }
 CARD_KEYS = {"match": (True, "strs"), "peak_tflops": (True, "pos"), "source": (True, "str")}
 ALGORITHMS = ("ring", "one_shot", "auto")
+# what an origin may say: a public specification (which), a measurement (what, where), fitted (to what data), or
+# assumed (no data behind the value: what it rests on)
+ORIGIN_KINDS = ("spec", "measured", "fitted", "assumed")
+# the constants that must say their origin in the shipped file (the rest are settings: dtype, compiled, names)
+ORIGIN_NEEDED = {
+    "device": ("peak_tflops", "mem_bw_gbs", "compute_eff", "mem_eff", "kernel_us", "attention_overhead_us",
+               "mlp_overhead_us", "step_overhead_us"),
+    "link": ("alpha_us", "busbw_gbs", "link_gbs", "interference"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,7 @@ def _check(value, kind: str, where: str):
         "str": isinstance(value, str),
         "map": isinstance(value, dict) and bool(value),
         "strs": isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value),
+        "origin": isinstance(value, dict),
     }[kind]
     if not ok:
         need = {
@@ -83,6 +100,7 @@ def _check(value, kind: str, where: str):
             "str": "a string",
             "map": "a non-empty mapping",
             "strs": "a non-empty list of non-empty strings",
+            "origin": "a mapping of this entry's keys to where each comes from",
         }
         raise InputError(f"{where} must be {need[kind]}, got {value!r}")
 
@@ -98,6 +116,12 @@ def _keys(entry, spec: dict, where: str):
             _check(entry[key], kind, f"{where}.{key}")
         elif required:
             raise InputError(f"{where}.{key}: missing")
+    for key, text in entry.get("origin", {}).items():
+        if key not in entry or key == "origin":
+            raise InputError(f"{where}.origin.{key}: names no constant of this entry (it has {', '.join(entry)})")
+        if not isinstance(text, str) or ":" not in text or text.split(":", 1)[0] not in ORIGIN_KINDS:
+            kinds = ", ".join(ORIGIN_KINDS)
+            raise InputError(f"{where}.origin.{key} must be 'KIND: where from', KIND one of {kinds}; got {text!r}")
 
 
 def parse_cards(data, origin: str) -> dict[str, Card]:
@@ -219,3 +243,21 @@ def load_profiles(path: str | Path | None = None) -> dict[str, Device]:
             raise InputError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
         devices.update(parse_profiles(data, str(path)))
     return devices
+
+
+def origins(path: str | Path | None = None) -> dict[str, dict[str, str]]:
+    """Where each constant of each profile comes from, as its ``origin`` entries say: profile -> {``KEY`` or
+    ``links.LINK.KEY``: "KIND: where from"}; the shipped file's, or ``path``'s (already checked by loading it)."""
+    if path is None:
+        data = _shipped_data()
+    else:
+        load_profiles(path)
+        data = yaml.safe_load(Path(path).read_text())
+    found = {}
+    for name, entry in data.items():
+        if name == CARDS:
+            continue
+        found[name] = dict(entry.get("origin", {}))
+        for link_name, link in entry["links"].items():
+            found[name].update({f"links.{link_name}.{k}": v for k, v in link.get("origin", {}).items()})
+    return found

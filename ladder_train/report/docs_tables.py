@@ -65,6 +65,7 @@ def json_table(relative: str) -> Callable[[Path], str]:
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "study-lr-sweep": study_lr_sweep,
+    "predict-paper70": json_table("docs/results/predict_paper70.json"),  # written by `ladder-predict paper --out`
 }
 
 
