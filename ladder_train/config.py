@@ -83,11 +83,35 @@ class OptimizerConfig:
 
 @dataclass
 class ScheduleConfig:
+    # cosine: linear warmup, then cosine decay to min_lr_ratio x peak at total_steps |
+    # wsd (warmup-stable-decay): linear warmup, the peak held, then a decay of decay_shape over the last steps
+    kind: str = "cosine"
     warmup_steps: int = 2000  # linear warmup from 0 to the peak lr
-    total_steps: int = 25000  # cosine decay ends here, at min_lr_ratio x peak
+    total_steps: int = 25000  # the decay ends here, at min_lr_ratio x peak
     min_lr_ratio: float = 0.1
     warmup_tokens: float | None = None  # if set (e.g. 8e9), overrides warmup_steps (tokens / global batch tokens)
     total_tokens: float | None = None  # if set (e.g. 100e9), overrides total_steps
+    # wsd: the decay's shape from peak to min_lr_ratio x peak over progress p in [0, 1]: linear (1 - p) |
+    # cosine | sqrt (1 - sqrt(p): held near the peak longer, then steeper; Hagele et al. 2024 found it beats linear)
+    decay_shape: str = "sqrt"
+    decay_fraction: float = 0.2  # wsd: the decay's length as a fraction of total_steps (rounded to steps)
+    decay_steps: int | None = None  # wsd: the decay's length in steps; overrides decay_fraction when set
+
+
+@dataclass
+class SpikeConfig:
+    """``train.spike.*``: loss-spike detection. A step is a spike when a watched value (the all-reduced loss or
+    the gradient norm, the same on every rank) lies more than ``threshold`` standard deviations above the mean
+    of the previous ``window`` steps' finite values (train/stability.py)."""
+
+    enabled: bool = False
+    window: int = 100  # steps in the rolling mean and standard deviation; nothing fires before it is full
+    threshold: float = 6.0  # the z-score above which a step is a spike (one-sided: only rises count)
+    watch: list[str] = field(default_factory=lambda: ["loss", "grad_norm"])  # the values tested: loss, grad_norm
+    # log: report it and train on | skip: report it, no update (the batch counts as consumed) | stop: report it,
+    # record the batch in RUN_DIR/skip_batches.json and stop (exit 1); rerun the command: it resumes from the
+    # newest checkpoint and skips that batch
+    action: str = "log"
 
 
 @dataclass
@@ -103,13 +127,16 @@ class TrainConfig:
     freeze_layers: int = 0
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
 
 
 @dataclass
 class ParallelConfig:
     dp_replicate: int = -1  # replicas (HSDP outer dimension); -1 = number of nodes
     dp_shard: int = -1  # shards per replica (FSDP inner dimension); -1 = processes per node
-    activation_checkpoint: str = "none"  # none | full | every_n (checkpoint every ac_every-th block)
+    # none | full (recompute every block) | every_n (every ac_every-th block) | selective (every block keeps its
+    # matmul and attention outputs and recomputes the rest: norms, rope, activations, adds)
+    activation_checkpoint: str = "none"
     ac_every: int = 2
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
     # process-group init and collective timeout (seconds): a rank that waits longer on the others fails
@@ -153,6 +180,29 @@ class EvalConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """``profile.*``: what each rank records for looking inside a run, into RUN_DIR/profile/
+    (``train/profiling.py``). The schedule counts optimizer steps from the start of the process."""
+
+    enabled: bool = False  # torch.profiler chrome traces (CPU activity; CUDA kernels too on a GPU), one per rank
+    wait: int = 5  # untraced steps first (the first steps are not typical: allocation, warm caches)
+    warmup: int = 2  # then steps traced but discarded (the profiler's own start-up cost)
+    active: int = 3  # then steps kept in the trace: rank{r}_steps{a}-{b}.pt.trace.json
+    repeat: int = 1  # how many wait/warmup/active cycles, each its own trace; 0 = until the run ends
+    record_shapes: bool = False  # the input shapes of each op (larger traces)
+    profile_memory: bool = False  # the memory each op allocates and frees (the memory view on the CPU too)
+    with_stack: bool = False  # the Python stack of each op (much larger traces)
+    # CUDA only: record the allocator's history from the start and dump a snapshot (pytorch.org/memory_viz)
+    # after this step, and at an OutOfMemoryError; 0 = only at an OutOfMemoryError; None = no recording
+    memory_snapshot_step: int | None = None
+
+
+@dataclass
+class TensorBoardConfig:
+    enabled: bool = False  # also write the logged scalars to RUN_DIR/tensorboard/ (rank 0), beside wandb
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -162,6 +212,8 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
 
 
 def _valid_keys(section_type: type) -> list[str]:

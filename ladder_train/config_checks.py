@@ -13,7 +13,10 @@ CHOICES = {
     "model.residual": RESIDUAL_LAYOUTS,
     "train.dtype": ("auto", "bf16", "fp32"),
     "data.format": ("text", "chat"),
-    "parallel.activation_checkpoint": ("none", "full", "every_n"),
+    "parallel.activation_checkpoint": ("none", "full", "every_n", "selective"),
+    "train.schedule.kind": ("cosine", "wsd"),
+    "train.schedule.decay_shape": ("linear", "cosine", "sqrt"),
+    "train.spike.action": ("log", "skip", "stop"),
     "wandb.mode": ("online", "offline", "disabled"),
     "eval.mode": ("inprocess", "slurm"),
 }
@@ -31,6 +34,10 @@ RANGES = {
     "train.optimizer.grad_clip": (lambda v: v >= 0, ">= 0 (0 = no clipping)"),
     "train.schedule.warmup_tokens": (lambda v: v is None or v >= 0, ">= 0, or null"),
     "train.schedule.total_tokens": (lambda v: v is None or v > 0, "positive, or null"),
+    "train.schedule.decay_fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "train.schedule.decay_steps": (lambda v: v is None or v >= 1, "at least 1, or null for decay_fraction"),
+    "train.spike.window": (lambda v: v >= 2, "at least 2 (a standard deviation needs two values)"),
+    "train.spike.threshold": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (standard deviations)"),
     "parallel.ac_every": (lambda v: v >= 1, "at least 1"),
     "checkpoint.every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
     "eval.every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
@@ -41,6 +48,14 @@ RANGES = {
     "model.init_std": (lambda v: v > 0, "positive"),
     "model.rope_theta": (lambda v: v > 0, "positive"),
     "model.norm_eps": (lambda v: v > 0, "positive"),
+    "profile.wait": (lambda v: v >= 0, ">= 0"),
+    "profile.warmup": (lambda v: v >= 0, ">= 0"),
+    "profile.active": (lambda v: v >= 1, "at least 1"),
+    "profile.repeat": (lambda v: v >= 0, ">= 0 (0 = until the run ends)"),
+    "profile.memory_snapshot_step": (
+        lambda v: v is None or v >= 0,
+        ">= 0 (0 = only at an OutOfMemoryError), or null for no recording",
+    ),
 }
 
 
@@ -63,13 +78,13 @@ def _check_ranges(cfg) -> None:
 def check_values(cfg) -> None:
     """Constraints no type can express: choices, divisibility, positive sizes."""
     for dotted, choices in CHOICES.items():
-        section, name = dotted.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = _value(cfg, dotted)
         if value not in choices:
             raise ConfigError(f"key '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
     _check_model(cfg.model, cfg.data.seq_len)
     _check_training(cfg)
     _check_ranges(cfg)
+    _check_stability_and_schedule(cfg)
 
 
 def _check_model(m, seq_len: int) -> None:
@@ -137,3 +152,32 @@ def _check_training(cfg) -> None:
         )
     if not 0 <= t.freeze_layers <= m.n_layers:
         raise ConfigError(f"key 'train.freeze_layers'={t.freeze_layers} must lie in [0, model.n_layers={m.n_layers}]")
+
+
+SPIKE_WATCHABLE = ("loss", "grad_norm")
+
+
+def schedule_steps(s, tokens_per_step: int) -> tuple[int, int, int]:
+    """(warmup, total, decay) steps of ``train.schedule``: token counts win over step counts; ``decay`` is the length
+    of a wsd schedule's decay (0 for cosine, which decays from the end of warmup). The trainer's rule too."""
+    warmup = s.warmup_steps if s.warmup_tokens is None else math.ceil(s.warmup_tokens / tokens_per_step)
+    total = max(s.total_steps if s.total_tokens is None else math.ceil(s.total_tokens / tokens_per_step), warmup, 1)
+    if s.kind != "wsd":
+        return warmup, total, 0
+    return warmup, total, s.decay_steps if s.decay_steps is not None else max(1, round(s.decay_fraction * total))
+
+
+def _check_stability_and_schedule(cfg) -> None:
+    watch = list(cfg.train.spike.watch)
+    if not watch or any(name not in SPIKE_WATCHABLE for name in watch):
+        raise ConfigError(
+            f"key 'train.spike.watch' must be a non-empty list of {', '.join(SPIKE_WATCHABLE)}, got {watch}"
+        )
+    s = cfg.train.schedule
+    warmup, total, decay = schedule_steps(s, cfg.train.global_batch_size * cfg.data.seq_len)
+    if warmup + decay > total:
+        key = "decay_steps" if s.decay_steps is not None else "decay_fraction"
+        raise ConfigError(
+            f"key 'train.schedule.{key}'={getattr(s, key)} gives a decay of {decay} steps, which with {warmup} warmup "
+            f"steps does not fit in total_steps={total}"
+        )

@@ -4,6 +4,7 @@ initialisation that makes the weights independent of how the model is sharded.""
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -12,19 +13,41 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..config import ParallelConfig
 from ..dtypes import resolve_dtype  # noqa: F401  (re-exported: the parallel package's dtype rule)
 from ..model import Transformer
 
+# selective checkpointing keeps the outputs of these ops (the matmuls and attention: most of a block's FLOPs)
+# and recomputes everything else in backward (norms, rope, SiLU, products and adds: cheap, memory-bound)
+_aten = torch.ops.aten
+SAVED_IN_SELECTIVE = {
+    _aten.mm.default,
+    _aten.addmm.default,
+    _aten.bmm.default,
+    _aten._scaled_dot_product_flash_attention.default,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_IN_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
+
 
 def apply_activation_checkpointing(model: Transformer, mode: str, every: int) -> None:
-    """Recompute block activations in backward: every block (full) or every ``every``-th (every_n)."""
+    """Recompute block activations in backward: every block (full), every ``every``-th (every_n), or in every
+    block all but the outputs of SAVED_IN_SELECTIVE (selective: torch.utils.checkpoint's op-level policy)."""
     if mode == "none":
         return
+    # non-reentrant checkpointing (checkpoint_wrapper's default), which a selective context_fn needs
+    options = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _selective_policy)}
     for i, block in enumerate(model.layers):
-        if mode == "full" or i % every == 0:
-            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+        if mode in ("full", "selective") or i % every == 0:
+            extra = options if mode == "selective" else {}
+            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False, **extra)
 
 
 # torch.compile's backend for the blocks. The GPU path uses inductor; a test on the CPU sets

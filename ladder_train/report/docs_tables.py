@@ -63,9 +63,27 @@ def json_table(relative: str) -> Callable[[Path], str]:
     return make
 
 
+def activation_memory(root: Path) -> str:
+    """benchmarks/activation_memory.py's rows: the memory held after forward and the peak of each layout and
+    checkpointing mode, each against the layout's mode none, with the loss and the gradients' largest difference."""
+    rows = [json.loads(line) for line in (root / ACTIVATION_MEMORY).read_text().splitlines()]
+    none = {row["layout"]: row for row in rows if row["mode"] == "none"}
+    body = []
+    for row in rows:
+        base, held, peak = none[row["layout"]], row["held_after_forward_bytes"], row["peak_bytes"]
+        body.append([row["layout"], row["mode"], f"{held / 2**20:,.1f}", f"{held / base['held_after_forward_bytes']:.2f}",
+                     f"{peak / 2**20:,.1f}", f"{peak / base['peak_bytes']:.2f}", f"{row['loss']:.6f}",
+                     f"{row['max_grad_diff']:g}"])  # fmt: skip
+    header = ["layout", "mode", "held MiB", "/ none", "peak MiB", "/ none", "loss", "max grad diff to none"]
+    return markdown_table(header, body) + "\n"
+
+
+ACTIVATION_MEMORY = "docs/results/activation_memory/cpu.jsonl"  # written by `python -m benchmarks.activation_memory`
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "study-lr-sweep": study_lr_sweep,
     "predict-paper70": json_table("docs/results/predict_paper70.json"),  # written by `ladder-predict paper --out`
+    "activation-memory": activation_memory,
 }
 
 

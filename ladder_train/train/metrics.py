@@ -1,4 +1,4 @@
-"""Training metrics: one readable console line, RUN_DIR/metrics.jsonl, and wandb on rank 0."""
+"""Training metrics: one readable console line, RUN_DIR/metrics.jsonl, wandb and TensorBoard on rank 0."""
 
 from __future__ import annotations
 
@@ -88,16 +88,20 @@ class ThroughputMeter:
 
 class MetricLogger:
     """Writes metrics on rank 0 only; other ranks get a logger that does nothing. A training step is logged
-    every ``train.log_every`` steps and at the last one."""
+    every ``train.log_every`` steps and at the last one. ``resumed_step``: the step a resumed run starts after
+    (TensorBoard hides what an earlier attempt logged past it)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, is_main: bool, wandb_id: str | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, is_main: bool, wandb_id: str | None = None, resumed_step: int = 0):
         self.log_every = cfg.train.log_every
         self.is_main = is_main
         self.path = run_dir / "metrics.jsonl"
         self.wandb_run = None
+        self.tensorboard = None
         if is_main:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.wandb_run = _start_wandb(cfg, run_dir, wandb_id)
+            if cfg.tensorboard.enabled:
+                self.tensorboard = _start_tensorboard(run_dir, resumed_step)
 
     def should_log(self, step: int, last: bool) -> bool:
         return step % self.log_every == 0 or last
@@ -109,10 +113,13 @@ class MetricLogger:
             f.write(json.dumps(metrics) + "\n")
         if console and "loss" in metrics:
             print(format_line(metrics), flush=True)
+        scalars = {k: v for k, v in metrics.items() if k != "step" and v is not None}
         if self.wandb_run is not None:
-            self.wandb_run.log(
-                {k: v for k, v in metrics.items() if k != "step" and v is not None}, step=metrics["step"]
-            )
+            self.wandb_run.log(scalars, step=metrics["step"])
+        if self.tensorboard is not None:
+            for tag, value in scalars.items():
+                if isinstance(value, (int, float)):  # TensorBoard scalars are numbers
+                    self.tensorboard.add_scalar(tag, value, global_step=metrics["step"])
 
     def summary(self, values: dict) -> None:
         if self.wandb_run is not None:
@@ -126,6 +133,18 @@ class MetricLogger:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+
+
+def _start_tensorboard(run_dir: Path, resumed_step: int):
+    """A SummaryWriter on RUN_DIR/tensorboard/ (``tensorboard --logdir RUN_DIR/tensorboard``). A resumed run
+    retrains the steps after its checkpoint: purging from the first of them keeps one point per step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    purge = resumed_step + 1 if resumed_step else None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge, flush_secs=30)
 
 
 def _start_wandb(cfg: Config, run_dir: Path, wandb_id: str | None):

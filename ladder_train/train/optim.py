@@ -1,4 +1,5 @@
-"""AdamW with the paper's settings and the warmup + cosine learning-rate schedule."""
+"""AdamW with the paper's settings and the learning-rate schedules: warmup + cosine (the paper's), or
+warmup-stable-decay."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from torch import nn
 
 from ..config import OptimizerConfig, ScheduleConfig
+from ..config_checks import schedule_steps
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float | None = None) -> torch.optim.AdamW:
@@ -27,9 +29,8 @@ def freeze_lower_layers(model: nn.Module, n_layers: int) -> None:
 
 def resolve_schedule_steps(cfg: ScheduleConfig, tokens_per_step: int) -> tuple[int, int]:
     """(warmup_steps, total_steps), taking the token counts when the recipe gives them."""
-    warmup = cfg.warmup_steps if cfg.warmup_tokens is None else math.ceil(cfg.warmup_tokens / tokens_per_step)
-    total = cfg.total_steps if cfg.total_tokens is None else math.ceil(cfg.total_tokens / tokens_per_step)
-    return warmup, max(total, warmup, 1)
+    warmup, total, _ = schedule_steps(cfg, tokens_per_step)
+    return warmup, total
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -43,6 +44,44 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, warmup: int, total: int, min_ratio: float):
-    """A LambdaLR whose epoch counter is the number of updates done, so update n uses lr_factor(n + 1)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: lr_factor(done + 1, warmup, total, min_ratio))
+# the wsd decay's shapes: the fraction of (peak - floor) left at decay progress p in [0, 1]
+DECAY_SHAPES = {
+    "linear": lambda p: 1 - p,
+    "cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)),
+    "sqrt": lambda p: 1 - math.sqrt(p),
+}
+
+
+def wsd_factor(step: int, warmup: int, total: int, decay: int, min_ratio: float, shape: str) -> float:
+    """Warmup-stable-decay: linear warmup to 1 at ``warmup``, 1 until ``total - decay``, then down to ``min_ratio``
+    at ``total`` along ``shape`` (DECAY_SHAPES), flat after. Only the step and the totals decide the value, so a
+    resumed run continues the schedule, and a larger ``total`` on resume moves the decay later."""
+    if step <= warmup:
+        return step / max(warmup, 1)
+    if step >= total:
+        return min_ratio
+    progress = max(step - (total - decay), 0) / max(decay, 1)
+    return min_ratio + (1 - min_ratio) * DECAY_SHAPES[shape](progress)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, tokens_per_step: int):
+    """A LambdaLR whose epoch counter is the number of updates done, so update n uses the factor of step n + 1:
+    ``lr_factor`` (cosine) or ``wsd_factor``."""
+    warmup, total, decay = schedule_steps(cfg, tokens_per_step)
+    shape, ratio = cfg.decay_shape, cfg.min_lr_ratio
+    if cfg.kind == "wsd":
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda n: wsd_factor(n + 1, warmup, total, decay, ratio, shape)
+        )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: lr_factor(n + 1, warmup, total, ratio))
+
+
+def apply_schedule(scheduler) -> None:
+    """After a resume: set every group's lr to this run's schedule at the restored update count. The optimizer's
+    state carries the lr of the schedule it was saved under; a run resumed with a longer total_steps (or another
+    schedule) must use its own from the first step. Unchanged settings give the saved values exactly."""
+    factors = [fn(scheduler.last_epoch) for fn in scheduler.lr_lambdas]
+    values = [base * factor for base, factor in zip(scheduler.base_lrs, factors, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, values, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = values  # what get_last_lr() reports (LambdaLR keeps it there)

@@ -24,15 +24,17 @@ from torch.distributed.tensor import DTensor
 from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data.packing import IGNORE_INDEX
-from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
+from ..errors import EXIT_REQUEUE, InputError, Preempted
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
 from ..parallel import BatchSplit, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
-from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
+from .optim import apply_schedule, build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
+from .profiling import StepProfiler
 from .run_lock import lock_run_dir_on_rank0
+from .stability import StabilityGuard
 
 
 class NothingToLearn(InputError):
@@ -41,10 +43,6 @@ class NothingToLearn(InputError):
     def __init__(self, message: str, quiet: bool = False):
         super().__init__(message)
         self.quiet = quiet
-
-
-class NonFiniteLossError(RunFailed):
-    """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
 
 
 class Trainer:
@@ -98,18 +96,14 @@ class Trainer:
         self.warmup, self.total_steps = resolve_schedule_steps(cfg.train.schedule, self.batch.tokens_per_step)
         self.max_steps = cfg.train.max_steps or self.total_steps
         self.optimizer = build_optimizer(self.model, cfg.train.optimizer)
-        self.scheduler = build_scheduler(self.optimizer, self.warmup, self.total_steps, cfg.train.schedule.min_lr_ratio)
+        self.scheduler = build_scheduler(self.optimizer, cfg.train.schedule, self.batch.tokens_per_step)
         self.step = 0
         self.tokens_seen = 0
-        self.nonfinite_skips = 0
+        self.guard = StabilityGuard(cfg.train, self.run_dir, env.is_main)  # non-finite steps and loss spikes
         self.empty_skips = 0  # chat data: global batches with no scored token, skipped
         self.wandb_id: str | None = None
-        self.meter = ThroughputMeter(
-            env.world_size,
-            flops_per_token(self.model_args, cfg.data.seq_len, frozen_layers=cfg.train.freeze_layers),
-            device_peak_flops(env.device),
-            env.device,
-        )
+        flops = flops_per_token(self.model_args, cfg.data.seq_len, frozen_layers=cfg.train.freeze_layers)
+        self.meter = ThroughputMeter(env.world_size, flops, device_peak_flops(env.device), env.device)
         self.checkpointer = Checkpointer(cfg.checkpoint, self.run_dir, env.rank, env.world_size)
         self.evaluator = Evaluator(cfg, env, self.run_dir, self.model_args, self.batch.micro_batch, self.tokenizer)
         self._preempt_signal: int | None = None
@@ -122,7 +116,7 @@ class Trainer:
         return {
             "step": self.step,
             "tokens_seen": self.tokens_seen,
-            "nonfinite_skips": self.nonfinite_skips,
+            **self.guard.state_dict(),
             "empty_skips": self.empty_skips,
             "scheduler": self.scheduler.state_dict(),
             "wandb_id": self.wandb_id,
@@ -158,9 +152,12 @@ class Trainer:
                 print(f"loaded weights from {path} (step {state['step']}); optimizer, schedule and data start fresh")
             return
         self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.nonfinite_skips, self.wandb_id = state["nonfinite_skips"], state["wandb_id"]
         self.empty_skips = state.get("empty_skips", 0)  # absent from checkpoints of older versions
+        self.guard.load_state_dict(state)
+        # a checkpoint of another run folder (a branch, e.g. a cool-down) starts its own wandb run
+        self.wandb_id = state["wandb_id"] if path.resolve().is_relative_to(self.run_dir.resolve()) else None
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_schedule(self.scheduler)  # this run's schedule from the restored step on (a longer total_steps)
         note = ""
         if rank_state is not None:
             torch.set_rng_state(rank_state["rng_cpu"])
@@ -172,6 +169,7 @@ class Trainer:
             note = (
                 f"; saved with {state['world_size']} processes, now {self.env.world_size}: weights and optimizer "
                 "resharded, the data stream is re-split per rank and starts again from its beginning"
+                + self.guard.data_restarted()
             )
         if self.env.is_main:
             print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
@@ -227,9 +225,7 @@ class Trainer:
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
                 model.set_requires_all_reduce(last)
             waited = time.perf_counter()
-            if self._batches is None:  # created after a resume restored the loader's position
-                self._batches = iter(self.loader)
-            inputs, labels = next(self._batches) if step_batches is None else step_batches[micro]
+            inputs, labels = self._next_micro_batch() if step_batches is None else step_batches[micro]
             data_wait += time.perf_counter() - waited
             inputs, labels = (
                 inputs.to(self.env.device, non_blocking=True),
@@ -252,19 +248,22 @@ class Trainer:
         dist.all_reduce(shared)
         loss_value, self._preempt_all = shared[0].item() / self.env.world_size, shared[1].item() > 0
         norm_value = grad_norm.item()
-        finite = math.isfinite(loss_value) and math.isfinite(norm_value)
-        if finite:
+        verdict = self.guard.judge(loss_value, norm_value)  # finite? a spike? (the same on every rank)
+        if verdict["update"]:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_value, "grad_norm": norm_value, "data_wait_s": data_wait, "finite": finite}
+        return {"loss": loss_value, "grad_norm": norm_value, "data_wait_s": data_wait, **verdict}
+
+    def _next_micro_batch(self):
+        if self._batches is None:  # created after a resume restored the loader's position
+            self._batches = iter(self.loader)
+        return next(self._batches)
 
     def _scored_micro_batches(self) -> tuple[list, float, int]:
         """Chat data: this rank's micro-batches of the step, the divisor of their summed losses (the number of
         scored labels, not -100, in the whole global batch / the world size) and that number."""
-        if self._batches is None:  # created after a resume restored the loader's position
-            self._batches = iter(self.loader)
-        batches = [next(self._batches) for _ in range(self.batch.accumulation)]
+        batches = [self._next_micro_batch() for _ in range(self.batch.accumulation)]
         scored = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
         total = torch.tensor(scored, dtype=torch.int64, device=self.env.device)
         dist.all_reduce(total)
@@ -287,20 +286,11 @@ class Trainer:
                   f"({self.empty_skips} so far)", flush=True)  # fmt: skip
         return {"loss": 0.0, "grad_norm": 0.0, "data_wait_s": data_wait, "finite": True}
 
-    def _handle_nonfinite(self, result: dict) -> None:
-        self.nonfinite_skips += 1
-        what = f"step {self.step}: loss {result['loss']} / grad norm {result['grad_norm']} is not finite"
-        if self.nonfinite_skips > self.cfg.train.max_nonfinite_skips:
-            raise NonFiniteLossError(
-                f"{what}; stopping (train.max_nonfinite_skips={self.cfg.train.max_nonfinite_skips} skips allowed)"
-            )
-        if self.env.is_main:
-            print(f"warning: {what}; update skipped ({self.nonfinite_skips}/{self.cfg.train.max_nonfinite_skips})")
-
     # the loop ----------------------------------------------------------------------------------------
 
     def train(self) -> list[dict]:
         logger = self._start_logging()
+        profiler = StepProfiler(self.cfg.profile, self.run_dir, self.env.rank, self.env.device)
         handlers = {sig: signal.signal(sig, self._request_preemption) for sig in PREEMPTION_SIGNALS}
         history: list[dict] = []
         self.model.train()
@@ -315,6 +305,7 @@ class Trainer:
                     if self.evaluator.evaluates_checkpoint(self.step):
                         self.checkpointer.finish()  # written before it is evaluated (eval.mode=slurm exports it)
                         self.evaluator.evaluate(self.model, self.step, logger, self._checkpoint_dir())
+                profiler.step(self.step)
             if history:
                 self.evaluator.final_validation(self.model, self.step, self.tokens_seen, logger)
                 self.save_checkpoint()  # the final checkpoint
@@ -323,9 +314,13 @@ class Trainer:
                 self.evaluator.at_end(self.model, self.step, logger, self._checkpoint_dir())
             self._mark_finished(history)
             logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
+        except torch.OutOfMemoryError:
+            profiler.out_of_memory(self.step)  # the allocator's history, when profile.memory_snapshot_step records it
+            raise
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+            profiler.close()
             self._close(logger)
         return history
 
@@ -333,16 +328,21 @@ class Trainer:
         """One optimizer step and its bookkeeping; the record is logged when the logger says so."""
         step_start = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
+        # global batches recorded by a spike under train.spike.action=stop are read and dropped, never trained on
+        self.guard.skip_recorded_batches(lambda: [self._next_micro_batch() for _ in range(self.batch.accumulation)])
         result = self.train_step()
         self.step += 1
         self.tokens_seen += self.batch.tokens_per_step
-        if not result["finite"]:
-            self._handle_nonfinite(result)
+        spike = self.guard.review(self.step, result)  # stops past the non-finite limit
         self.meter.add(self.batch.tokens_per_step, result["data_wait_s"])
-        record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"]}
-        if logger.should_log(self.step, last=self.step == self.max_steps):
-            record.update(tokens=self.tokens_seen, **self.meter.read(time.perf_counter() - step_start))
+        record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"], **spike}
+        if logger.should_log(self.step, last=self.step == self.max_steps) or spike:  # a spike is always logged
+            record.update(tokens=self.tokens_seen, **self.guard.counts())
+            record.update(self.meter.read(time.perf_counter() - step_start))
             logger.log(record)
+        if (stop := self.guard.stop_requested()) is not None:
+            self.checkpointer.finish()  # a background save completes: it is where the restart starts
+            raise stop
         return record
 
     def _start_logging(self) -> MetricLogger:
@@ -357,7 +357,7 @@ class Trainer:
                 f"total {self.total_steps}, running {self.max_steps} steps",
                 flush=True,
             )
-        logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id)
+        logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id, resumed_step=self.step)
         # every rank saves the trainer entry and DCP keeps one rank's copy: all must carry rank 0's id
         box = [logger.wandb_id]
         dist.broadcast_object_list(box, src=0)

@@ -1,0 +1,190 @@
+"""Training stability: what a step's loss and gradient norm say about the update, and the batches a restart skips.
+
+The judgement uses the step's all-reduced loss and global gradient norm, the same numbers on every rank, so every
+rank takes the same decision without another collective.
+
+- **Non-finite** (NaN/inf): the update is skipped, up to ``train.max_nonfinite_skips`` times, then the run stops.
+- **Spike** (``train.spike``): a watched value more than ``threshold`` standard deviations above the mean of the
+  previous ``window`` steps' finite values (a one-sided z-score, with the standard deviation floored at
+  ``MIN_RELATIVE_STD`` of the mean so that a flat stretch does not make every wobble a spike). Every finite value
+  joins the window, spikes included: a lasting change of level stops firing once the window has seen it.
+  ``action`` decides: ``log``, ``skip`` the update, or ``stop`` with the batch recorded in
+  ``RUN_DIR/skip_batches.json``; a restart resumes from the newest checkpoint and never trains on a recorded batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from pathlib import Path
+
+from ..config import TrainConfig
+from ..errors import RunFailed
+
+SKIP_FILE = "skip_batches.json"  # in RUN_DIR: {"batches": [global batch numbers, 1-based], "spikes": [...]}
+MIN_RELATIVE_STD = 0.01  # the z-score's standard deviation is at least 1 % of the window's mean
+
+
+class NonFiniteLossError(RunFailed):
+    """The loss or gradient norm became NaN or inf more often than train.max_nonfinite_skips allows."""
+
+
+class LossSpikeStop(RunFailed):
+    """A loss spike under train.spike.action=stop: the batch is recorded for the restart to skip."""
+
+    def __init__(self, message: str, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
+
+
+class SpikeDetector:
+    """One-sided rolling z-scores of the watched values over the last ``window`` finite steps."""
+
+    def __init__(self, window: int, threshold: float, watch: list[str]):
+        self.window, self.threshold = window, threshold
+        self.history = {name: deque(maxlen=window) for name in watch}
+
+    def z_scores(self, values: dict[str, float]) -> dict[str, float] | None:
+        """Each watched value's z-score against the window; None until the window is full."""
+        if any(len(seen) < self.window for seen in self.history.values()):
+            return None
+        scores = {}
+        for name, seen in self.history.items():
+            mean = sum(seen) / len(seen)
+            std = math.sqrt(sum((x - mean) ** 2 for x in seen) / (len(seen) - 1))
+            scores[name] = (values[name] - mean) / max(std, MIN_RELATIVE_STD * abs(mean), 1e-12)
+        return scores
+
+    def observe(self, values: dict[str, float]) -> dict[str, float] | None:
+        """The z-scores if any exceeds the threshold (a spike), else None; the values then join the window."""
+        scores = self.z_scores(values)
+        for name, seen in self.history.items():
+            seen.append(values[name])
+        return scores if scores and max(scores.values()) > self.threshold else None
+
+    def state_dict(self) -> dict:
+        return {name: list(seen) for name, seen in self.history.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, seen in self.history.items():
+            seen.clear()
+            seen.extend(state.get(name, []))
+
+
+class StabilityGuard:
+    """Judges each step's update (``judge``, before the optimizer step) and acts on it after (``review``)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, is_main: bool):
+        self.max_nonfinite_skips = cfg.max_nonfinite_skips
+        self.spike_cfg = cfg.spike
+        self.detector = SpikeDetector(cfg.spike.window, cfg.spike.threshold, list(cfg.spike.watch))
+        self.run_dir, self.is_main = run_dir, is_main
+        self.nonfinite_skips = 0
+        self.spikes = 0
+        self.batches_drawn = 0  # global batches taken from the data stream: the steps plus the batches skipped
+        self.skip_batches = set(read_skip_file(run_dir)["batches"])
+        self.stop_message: str | None = None  # set by a spike under action=stop
+
+    def judge(self, loss: float, grad_norm: float) -> dict:
+        """``finite``; ``spike``: the z-scores when the step is a spike (None otherwise); ``update``: whether the
+        optimizer may step."""
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        spike = None
+        if finite and self.spike_cfg.enabled:
+            spike = self.detector.observe({"loss": loss, "grad_norm": grad_norm})
+        update = finite and (spike is None or self.spike_cfg.action == "log")
+        return {"finite": finite, "spike": spike, "update": update}
+
+    def skip_recorded_batches(self, draw_global_batch) -> None:
+        """Before a step: draw and drop every recorded global batch next in the stream (the step counter stays)."""
+        while self.batches_drawn + 1 in self.skip_batches:
+            self.batches_drawn += 1
+            draw_global_batch()
+            if self.is_main:
+                print(f"global batch {self.batches_drawn} skipped: recorded in {self.run_dir / SKIP_FILE}", flush=True)
+
+    def data_restarted(self) -> str:
+        """The data stream starts again (another world size): recorded batch numbers no longer name the same
+        batches. Returns a note for the resume line."""
+        note = f" ({SKIP_FILE} no longer applies)" if self.skip_batches else ""
+        self.skip_batches.clear()
+        self.batches_drawn = 0
+        return note
+
+    def review(self, step: int, result: dict) -> dict:
+        """After step ``step``, which trained on the next global batch: warn, count, and stop past the non-finite
+        limit. Returns the fields for the step's metrics record (``spike``, ``spike_z_*`` at a spike)."""
+        self.batches_drawn += 1
+        batch = self.batches_drawn
+        if not result["finite"]:
+            self._nonfinite(step, result)
+        if result.get("spike") is None:
+            return {}
+        self.spikes += 1
+        z = result["spike"]
+        action = self.spike_cfg.action
+        scores = ", ".join(f"{name} {result[name]:.4g} (z {score:.1f})" for name, score in z.items())
+        what = f"step {step}: loss spike: {scores} over the last {self.detector.window} steps"
+        if action == "stop":
+            record_skipped_batch(self.run_dir, batch, step, result, self.is_main)
+            self.stop_message = (
+                f"{what}; stopped (train.spike.action=stop): global batch {batch} is recorded in "
+                f"{self.run_dir / SKIP_FILE}; rerun the command to resume from the newest checkpoint without it"
+            )
+        elif self.is_main:
+            done = "update skipped" if action == "skip" else "training on"
+            print(f"warning: {what}; {done} ({self.spikes} spikes so far)", flush=True)
+        return {"spike": 1, **{f"spike_z_{name}": score for name, score in z.items()}}
+
+    def stop_requested(self) -> LossSpikeStop | None:
+        """The error to stop the run with after a spike under action=stop (the record is logged first)."""
+        return LossSpikeStop(self.stop_message, quiet=not self.is_main) if self.stop_message else None
+
+    def counts(self) -> dict:
+        """The running totals for every metrics record: ``spikes`` when the detector is on."""
+        return {"spikes": self.spikes} if self.spike_cfg.enabled else {}
+
+    def _nonfinite(self, step: int, result: dict) -> None:
+        self.nonfinite_skips += 1
+        what = f"step {step}: loss {result['loss']} / grad norm {result['grad_norm']} is not finite"
+        if self.nonfinite_skips > self.max_nonfinite_skips:
+            raise NonFiniteLossError(
+                f"{what}; stopping (train.max_nonfinite_skips={self.max_nonfinite_skips} skips allowed)"
+            )
+        if self.is_main:
+            print(f"warning: {what}; update skipped ({self.nonfinite_skips}/{self.max_nonfinite_skips})")
+
+    def state_dict(self) -> dict:
+        """For the trainer entry of a checkpoint: the counts, the data position in global batches and the detector's
+        window (a resume judges alike)."""
+        window = self.detector.state_dict()
+        return {"nonfinite_skips": self.nonfinite_skips, "spikes": self.spikes, "batches_drawn": self.batches_drawn,
+                "spike_window": window}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        self.nonfinite_skips = state["nonfinite_skips"]
+        # absent from checkpoints of older versions, where every step drew one global batch
+        self.spikes, self.batches_drawn = state.get("spikes", 0), state.get("batches_drawn", state["step"])
+        self.detector.load_state_dict(state.get("spike_window", {}))
+
+
+def read_skip_file(run_dir: Path) -> dict:
+    path = run_dir / SKIP_FILE
+    if not path.is_file():
+        return {"batches": [], "spikes": []}
+    return json.loads(path.read_text())
+
+
+def record_skipped_batch(run_dir: Path, batch: int, step: int, result: dict, is_main: bool) -> None:
+    """Add global batch ``batch`` to RUN_DIR/skip_batches.json (rank 0 writes; a user may add numbers by hand)."""
+    if not is_main:
+        return
+    recorded = read_skip_file(run_dir)
+    recorded["batches"] = sorted(set(recorded["batches"]) | {batch})
+    spike = {"step": step, "batch": batch, "loss": result["loss"], "grad_norm": result["grad_norm"]}
+    recorded["spikes"].append({**spike, "z": result["spike"]})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / SKIP_FILE
+    path.with_suffix(".tmp").write_text(json.dumps(recorded, indent=1) + "\n")
+    path.with_suffix(".tmp").replace(path)  # a reader never sees half a file
