@@ -320,8 +320,10 @@ class Trainer:
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
-            profiler.close()
-            self._close(logger)
+            try:
+                profiler.close()  # writes a cut-short trace: a failure there must not keep run.dir locked
+            finally:
+                self._close(logger)
         return history
 
     def _step(self, logger) -> dict:
