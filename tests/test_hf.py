@@ -234,7 +234,7 @@ def test_round_trip_hf_folder_to_a_hybrid_run_to_export_to_transformers(tmp_path
     card = (export / "README.md").read_text()
     meta = yaml.safe_load(card.split("---")[1])
     assert meta["license"] == "mit" and "ladder-residual" in meta["tags"]
-    assert "hybrid ladder: the last 2 of 4 layers ladder" in card and "128 in 2 steps" in card  # 2 x 2 x 16 tokens
+    assert "hybrid ladder: the last 2 of 4 layers ladder" in card and "64 in 2 steps" in card  # 2 steps x 2 x 16 tokens
     assert str(source) in card  # initialised from
     eos = byte_tokenizer().token_to_id("<|endoftext|>")
     assert json.loads((export / "generation_config.json").read_text())["eos_token_id"] == eos
@@ -247,7 +247,7 @@ def test_the_card_lists_the_runs_eval_results_for_the_exported_step(tmp_path):
     model = tiny("ladder")
     cfg = load_config(None, ["data.tokenizer=byte", f"run.dir={tmp_path / 'run'}"])
     checkpointer = Checkpointer(cfg.checkpoint, tmp_path / "run", rank=0, world_size=1)
-    state = {"step": 7, "tokens": 4096, "model_args": dataclasses.asdict(model.args)}
+    state = {"step": 7, "tokens_seen": 4096, "model_args": dataclasses.asdict(model.args)}
     step = checkpointer.save(7, model, torch.optim.AdamW(model.parameters()), state, {})
     save_config(cfg, tmp_path / "run" / "config.yaml")
     record = {"summary": {"piqa_local": {"acc": 0.5625, "acc_norm": 0.5}}, "limit": 16}

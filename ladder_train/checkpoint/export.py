@@ -131,12 +131,13 @@ def _read_tokenizer(path: Path):
 def _run_facts(checkpoint: Path, cfg, model, name: str, dtype: torch.dtype) -> CardFacts:
     state = read_trainer_state(checkpoint)
     facts = CardFacts(name=name, args=model.args, dtype=_dtype_name(dtype), steps=state.get("step"))
-    facts.tokens = state.get("tokens")
+    facts.tokens = state.get("tokens_seen")
     if cfg is None:
         return facts
     data = cfg.data
-    facts.data = data.source
-    hub = f"config {data.hub_config}, " if data.hub_config and "/" in data.source else ""
+    # a mixture of token folders (data.sources) has no data.source
+    facts.data = data.source or ", ".join(f"{s.path} (weight {s.weight:g})" for s in data.sources)
+    hub = f"config {data.hub_config}, " if data.hub_config and "/" in (data.source or "") else ""
     facts.data_detail = f" ({hub}split {data.split}, format {data.format})"
     facts.tokenizer = data.tokenizer
     facts.base_model = cfg.checkpoint.init_from
