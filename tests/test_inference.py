@@ -36,6 +36,7 @@ from ladder_train.cli import ladder_generate as generate_main
 from ladder_train.config import load_config, save_config
 from ladder_train.data.tokenizer import byte_tokenizer, model_tokenizer
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
+from ladder_train.inference import generate as generate_module
 from ladder_train.inference.generate import stop_tokens
 from ladder_train.inference.tp import EmulatedLinkCommunicator
 from ladder_train.loading import load_model
@@ -842,6 +843,8 @@ def test_a_compiled_decode_step_on_cuda_never_waits_for_or_copies_from_the_host(
 
     real_generator = torch.Generator
     monkeypatch.setattr(torch, "Generator", lambda device=None: real_generator())  # no cuda generator on a CPU build
+    # fake tensors cannot draw from a generator: the draw (a device kernel into the fixed buffer) goes unseeded
+    monkeypatch.setattr(generate_module, "draw_noise", lambda shape, generator, device, out: out.exponential_())
     traffic = HostTraffic()
     # force_eager: the compiled Generator's own code path, with its step functions run eagerly (dynamo cannot
     # trace fake cuda tensors on a CPU build); the prefill's H2D and syncs are not recorded, one decode step is
@@ -982,3 +985,33 @@ def test_tp_degrees_that_cannot_shard_the_heads_are_refused_before_loading(tmp_p
         with pytest.raises(ValueError) as err:
             load_tp_model(path, tp_rank=0, tp_size=4)
         assert str(err.value) == f"{path}: {message}"
+
+
+def test_compiled_sampling_chooses_inside_the_step_and_draws_the_eager_tokens():
+    """Top-k sampling runs inside the compiled step (the Exp(1) draws of the seeded generator enter as one fixed
+    buffer): the same seed gives the eager tokens, another seed others, and every token is one of the top k."""
+    model = make_model("ladder", None)
+    eager = Generator(model).generate(PROMPT, 8, temperature=1.0, top_k=3, seed=11)
+    compiled = Generator(model, compile=True, backend="aot_eager")
+    first = compiled.generate(PROMPT, 8, temperature=1.0, top_k=3, seed=11)
+    buffer = compiled._noise
+    assert torch.equal(first, eager)
+    assert torch.equal(compiled.generate(PROMPT, 8, temperature=1.0, top_k=3, seed=11), eager)
+    assert compiled._noise is buffer  # one buffer for every step and generation of this batch size
+    assert not torch.equal(compiled.generate(PROMPT, 8, temperature=1.0, top_k=3, seed=12), eager)
+    greedy = Generator(model).generate(PROMPT, 8)
+    assert not torch.equal(eager, greedy)  # a sample, not the argmax
+    # each sampled token is among the top 3 of the logits after the tokens before it
+    with torch.no_grad():
+        logits = model(torch.cat([PROMPT, eager[:, :-1]], dim=1))[:, PROMPT.shape[1] - 1 :]
+    top3 = logits.topk(3, dim=-1).indices
+    assert (top3 == eager[..., None]).any(-1).all()
+
+
+def test_the_exponential_race_samples_the_softmax():
+    """argmax(p / E) with E ~ Exp(1) draws token i with probability p_i (20,000 draws, within 4 sd)."""
+    logits = torch.tensor([[0.0, 1.0, 2.0, -9.0]]).repeat(20000, 1)
+    drawn = sample(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    p = torch.softmax(logits[0], -1)
+    share = torch.bincount(drawn, minlength=4) / 20000
+    assert (share - p).abs().max() < 4 * (p * (1 - p) / 20000).sqrt().max()

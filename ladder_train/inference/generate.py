@@ -9,8 +9,9 @@ generator states); the ``none`` ceiling's logits differ per rank, which does not
 (on a GPU with ``mode="reduce-overhead"``: CUDA graphs). The decode step passes the position as a 0-d
 tensor, which selects the model's static-shape path (the whole cache, masked), so one graph serves every
 step; the prefill has one graph per prompt shape. As in gpt-fast, nothing in a step waits for or copies from
-the host: the position is made on the device once per generation and advanced in place, greedy decoding takes
-its argmax inside the step's graph, and the KV cache is allocated once per (batch, length) and zeroed in place
+the host: the position is made on the device once per generation and advanced in place, the next token is chosen
+inside the step's graph (the argmax, or a top-k sample by the exponential race whose Exp(1) draws a seeded
+generator writes into a fixed buffer before the step, so eager and compiled sample the same tokens), and the KV cache is allocated once per (batch, length) and zeroed in place
 (a CUDA graph keeps its inputs' addresses: a new cache would be recorded again). Each Generator's graphs are specialised to its model and
 communicator (dynamo guards on them): the benchmark raises dynamo's recompile limit to its number of
 (model, communicator, batch size) cases and counts the compilations.
@@ -33,15 +34,32 @@ from ..model import Transformer
 from ..model.tp_sharding import check_tp_degree
 
 
-def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> torch.Tensor:
-    """Next tokens (B,) from last-position logits (B, vocab): greedy at temperature 0, else top-k sampling."""
+def choose(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, noise=None) -> torch.Tensor:
+    """Next tokens (B,) from last-position logits (B, vocab), with no host sync, so it runs inside a compiled step:
+    greedy at temperature 0, else a top-k sample by the exponential race argmax(p / E), E ~ Exp(1) given as
+    ``noise`` (B, vocab) (drawn outside the step: a seeded torch.Generator cannot enter the graph)."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+    # a zero draw would make a masked token's 0 / 0 a NaN that argmax picks
+    return (torch.softmax(logits, dim=-1) / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+
+
+def draw_noise(shape: tuple[int, int], generator: torch.Generator, device, out: torch.Tensor | None = None):
+    """Exp(1) draws for ``choose`` from a seeded generator, in place into ``out`` when given (a fixed buffer)."""
+    out = torch.empty(shape, dtype=torch.float32, device=device) if out is None else out
+    return out.exponential_(generator=generator)
+
+
+def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> torch.Tensor:
+    """Next tokens (B,) from last-position logits (B, vocab): greedy at temperature 0, else top-k sampling."""
+    if temperature <= 0:
+        return choose(logits)
+    generator = generator or torch.Generator(device=logits.device)
+    return choose(logits, temperature, top_k, draw_noise(tuple(logits.shape), generator, logits.device))
 
 
 def inductor_options(device: torch.device) -> dict:
@@ -82,6 +100,7 @@ class Generator:
         self.cache_shape: tuple[int, int] | None = None
         self._caches: list = []  # the model's KVCache modules this Generator allocated
         self._written = False  # a generation has written to them since they were last zeroed
+        self._noise: torch.Tensor | None = None  # the sampling draws' fixed buffer (B, vocab)
 
     def setup(self, batch: int, max_len: int):
         """Allocate the cache once per (batch, max_len) and zero it in place afterwards: the same tensors, whose
@@ -99,14 +118,15 @@ class Generator:
         self.model.clear_kv_cache()
         self.cache_shape, self._caches = None, []
 
-    def _prefill_eager(self, prompt: torch.Tensor, greedy: bool = False) -> torch.Tensor:
+    def _prefill_eager(self, prompt: torch.Tensor, how: tuple | None = None, noise=None) -> torch.Tensor:
+        """Logits after ``prompt``, or with ``how`` = (temperature, top_k) the next tokens, chosen in the same graph."""
         logits = self.model(prompt, start_pos=0, last_only=True)[:, -1]
-        return sample(logits) if greedy else logits
+        return logits if how is None else choose(logits, *how, noise)
 
-    def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor, greedy: bool = False) -> torch.Tensor:
-        """Logits (or, ``greedy``, the next tokens: the argmax in the same graph) after ``tokens`` (B, 1)."""
+    def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor, how: tuple | None = None, noise=None):
+        """Logits (or, with ``how``, the next tokens: argmax or sample in the same graph) after ``tokens`` (B, 1)."""
         logits = self.model(tokens, start_pos=pos, last_only=True)[:, -1]
-        return sample(logits) if greedy else logits
+        return logits if how is None else choose(logits, *how, noise)
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
@@ -121,13 +141,19 @@ class Generator:
         return self._decode(tokens[:, None], pos)
 
     def _next(self, step, inputs: tuple, temperature: float, top_k: int | None, generator) -> torch.Tensor:
-        """The next tokens (B,) of a prefill or decode ``step``: greedy inside the step (compiled with it); a
-        sample with the seeded ``generator`` after it (dynamo cannot trace a torch.Generator), eager kernels on
-        logits read before the next replay. Greedy tokens are cloned when compiled: they outlive the graph's output."""
+        """The next tokens (B,) of a prefill or decode ``step``, chosen inside the step (compiled with it): the
+        argmax, or a sample whose Exp(1) draws the seeded ``generator`` writes into one fixed buffer before the step
+        (a kernel, no host sync). Tokens are cloned when compiled: they outlive the graph's output."""
+        noise = None
         if temperature > 0:
-            return self.agree(sample(step(*inputs), temperature, top_k, generator))
-        tokens = step(*inputs, greedy=True)
-        return tokens.clone() if self.compiled else tokens
+            shape = (inputs[0].shape[0], self.model.args.vocab_size)
+            if self._noise is None or self._noise.shape != shape:
+                self._noise = torch.empty(shape, dtype=torch.float32, device=self.device)
+                torch._dynamo.mark_static_address(self._noise)  # CUDA graphs read it in place, no copy per step
+            noise = draw_noise(shape, generator, self.device, out=self._noise)
+        tokens = step(*inputs, how=(temperature, top_k), noise=noise)
+        tokens = tokens.clone() if self.compiled else tokens
+        return self.agree(tokens) if temperature > 0 else tokens
 
     def agree(self, tokens: torch.Tensor) -> torch.Tensor:
         """Every TP rank continues with rank 0's tokens."""
