@@ -39,9 +39,11 @@ export SRUN_CPUS_PER_TASK=$CPUS_PER_TASK
 # Preemption: sbatch's --signal=B:USR1@120 reaches this shell before the time limit. It is passed on to
 # srun, which forwards it to torchrun, which forwards it to the workers (--signals-to-handle); each worker
 # finishes its step, saves a checkpoint and exits. The job is then requeued and auto-resumes from it.
-# torchrun gives the workers 30 s after forwarding before it kills them: the regular checkpoint.every
-# saves bound what a slow final save could lose. The warning comes --signal=B:USR1@SECONDS before the time limit
-# (120 in the sbatch scripts); a larger model's save may need more: `sbatch --signal=B:USR1@300 ...`.
+# torchrun then waits SHUTDOWN_TIMEOUT_S for the workers before it kills them (TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
+# read by torch releases with torchrun's --shutdown-timeout, 2.13 among them; older ones keep a fixed 30 s). Keep it
+# below the --signal lead time, which must cover a step plus the save: `sbatch --signal=B:USR1@300 ...` with
+# SHUTDOWN_TIMEOUT_S=280 for a larger model. The regular checkpoint.every saves bound what a cut save loses.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=${SHUTDOWN_TIMEOUT_S:-100}
 REQUEUE=0
 trap 'REQUEUE=1; kill -USR1 "$SRUN_PID" 2>/dev/null' USR1 TERM
 srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task "$CPUS_PER_TASK" \

@@ -2,6 +2,7 @@
 pretraining and study scripts, and the README's torchrun lines that match them."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,19 @@ def test_launcher_sets_diagnostics_and_forwards_sigusr1(tmp_path):
     args = (tmp_path / "srun.args").read_text()
     assert "--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args and "--nnodes 2" in args
     assert "--cpus-per-task 64" in args and seen["SRUN_CPUS_PER_TASK"] == "64"  # srun does not inherit sbatch's
+    # torchrun waits this long for the preempted ranks' save, inside the sbatch script's signal lead time
+    lead = int(re.search(r"#SBATCH --signal=B:USR1@(\d+)", (REPO / "slurm/pretrain_3b.sh").read_text()).group(1))
+    assert int(seen["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) == 100 < lead
+    env["SHUTDOWN_TIMEOUT_S"] = "280"
+    subprocess.run(["bash", str(tmp_path / "slurm/pretrain_3b.sh")], env=env, check=True, capture_output=True)
+    assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=280" in (tmp_path / "srun.env").read_text().splitlines()
+
+
+def test_torchrun_reads_the_shutdown_timeout_the_launcher_sets(monkeypatch):
+    from torch.distributed.launcher.api import LaunchConfig
+
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "100")
+    assert LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=1).shutdown_timeout == 100
 
 
 def test_readme_torchrun_commands_forward_sigusr1():
