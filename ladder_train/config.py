@@ -49,10 +49,22 @@ class ModelConfig(ModelArgs):
 
 
 @dataclass
+class WeightedSource:
+    """One entry of ``data.sources``: a token folder (ladder-data prepare) and its weight in the mixture."""
+
+    path: str = ""  # a token folder
+    weight: float = 1.0  # its share of every global batch is weight / the sum of the weights
+
+
+@dataclass
 class DataConfig:
     # a hub dataset name, a local parquet/jsonl file or folder (train-*/validation-* names pick the split),
-    # or python-stdlib (the running Python's .py files: offline smoke runs)
-    source: str = "HuggingFaceFW/fineweb-edu"
+    # python-stdlib (the running Python's .py files: offline smoke runs), or a token folder (ladder-data prepare:
+    # read by memory map in a global order independent of the world size); null when data.sources is set
+    source: str | None = "HuggingFaceFW/fineweb-edu"
+    # a mixture of token folders instead of data.source: [{path: DIR, weight: 0.7}, ...], sampled to those shares
+    # in every global batch (data/mixture.py); data.source is then unset (null)
+    sources: list[WeightedSource] = field(default_factory=list)
     hub_config: str | None = "sample-10BT"  # the hub dataset's config name (ignored for local files)
     split: str = "train"
     text_column: str = "text"  # the documents' column; input_ids for shards pre-tokenized by data/prepare.py
@@ -307,6 +319,8 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     merged = schema
     for origin, layer in layers:
         merged = _merge_typed(merged, layer, origin)
+    if merged.data.sources and not any("source" in layer.get("data", {}) for _, layer in layers):
+        merged.data.source = None  # a mixture replaces the default data.source; one set explicitly is refused
     try:
         OmegaConf.resolve(merged)
         cfg: Config = OmegaConf.to_object(merged)

@@ -4,6 +4,7 @@ naming the key and the value (``ConfigError``)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from .errors import ConfigError
 from .model.transformer import RESIDUAL_LAYOUTS
@@ -85,6 +86,7 @@ def check_values(cfg) -> None:
     _check_training(cfg)
     _check_ranges(cfg)
     _check_stability_and_schedule(cfg)
+    _check_data_sources(cfg)
 
 
 def _check_model(m, seq_len: int) -> None:
@@ -181,3 +183,36 @@ def _check_stability_and_schedule(cfg) -> None:
             f"key 'train.schedule.{key}'={getattr(s, key)} gives a decay of {decay} steps, which with {warmup} warmup "
             f"steps does not fit in total_steps={total}"
         )
+
+
+def _check_data_sources(cfg) -> None:
+    """data.source or data.sources (a mixture of token folders), exactly one; positive weights; a validation
+    source of its own when token folders train and eval.val_every asks for a validation loss."""
+    d = cfg.data
+    if d.sources and d.source is not None:
+        raise ConfigError(
+            f"keys 'data.source' and 'data.sources' are both set (data.source={d.source}): use one; set "
+            "data.source=null to train on the mixture"
+        )
+    if not d.sources and d.source is None:
+        raise ConfigError("key 'data.source' is null and data.sources is empty: set one of them")
+    for k, entry in enumerate(d.sources):
+        if not entry.path:
+            raise ConfigError(f"key 'data.sources[{k}].path' is empty: give each source a token folder")
+        if not (math.isfinite(entry.weight) and entry.weight > 0):
+            raise ConfigError(f"key 'data.sources[{k}].weight' must be a finite number > 0, got {entry.weight!r}")
+    if d.sources and d.format != "text":
+        raise ConfigError(f"key 'data.sources' holds token folders of text; data.format={d.format} is read on the fly")
+    if cfg.eval.val_every and not d.validation_source and (d.sources or _token_folder(d.source)):
+        raise ConfigError(
+            f"key 'eval.val_every'={cfg.eval.val_every} needs data.validation_source when training on token folders "
+            "(they hold one split): ladder-data prepare SOURCE DIR --split validation, then data.validation_source=DIR"
+        )
+
+
+def _token_folder(source: str) -> bool:
+    if not Path(source).expanduser().is_dir():  # the data package is imported only for a local folder
+        return False
+    from .data.token_files import META_NAME
+
+    return (Path(source).expanduser() / META_NAME).is_file()

@@ -84,6 +84,33 @@ BAD_INPUT = [
     ),
     ("ladder-generate", ["{model}", "--prompt", "caf\udce9"], "argument --prompt: is not valid UTF-8 text"),
     ("ladder-generate", ["{root}/nowhere", "--prompt", "x"], "{root}/nowhere"),
+    (
+        "ladder-train",
+        ["--config", SMOKE, "data.source=null", "data.sources=[{{path: {root}, weight: 0}}]"],
+        "key 'data.sources[0].weight' must be a finite number > 0, got 0.0",
+    ),
+    (
+        "ladder-train",
+        ["--config", SMOKE, "data.sources=[{{path: {root}}}]"],
+        "keys 'data.source' and 'data.sources' are both set (data.source=python-stdlib)",
+    ),
+    (
+        "ladder-data",
+        ["prepare", "{root}/nowhere", "{root}/tokens", "--tokenizer", "byte"],
+        "no such file or folder: {root}/nowhere",
+    ),
+    (
+        "ladder-data",
+        ["prepare", "python-stdlib", "{root}/tokens", "--tokenizer", "byte", "--workers", "0"],
+        "argument --workers: expected an integer >= 1, got '0'",
+    ),
+    ("ladder-data", ["prepare", "python-stdlib", "{file}", "--tokenizer", "byte"], "{file} exists and is not a folder"),
+    (
+        "ladder-data",
+        ["prepare", "python-stdlib", "{root}/tokens", "--tokenizer", "{root}/missing.json"],
+        "--tokenizer: no such file: {root}/missing.json",
+    ),
+    ("ladder-data", ["info", "{root}/not_a_run"], "{root}/not_a_run: no ladder_tokens.json"),
 ]
 ENTRIES = {
     "ladder-train": cli.main,
@@ -93,6 +120,7 @@ ENTRIES = {
     "ladder-report": cli.ladder_report,
     "ladder-predict": cli.ladder_predict,
     "ladder-generate": cli.ladder_generate,
+    "ladder-data": cli.ladder_data,
 }
 
 

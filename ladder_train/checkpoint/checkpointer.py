@@ -6,7 +6,8 @@ and renamed once complete, so a crash while saving leaves the previous checkpoin
 without the marker (cut short some other way) is skipped with a warning.
 
 Contents: ``model`` and ``optim`` (DCP state dicts, resharded on load to any world size), ``trainer``
-(JSON: step, tokens, scheduler, wandb run id, model shape: the same on every rank), and per rank
+(JSON: step, tokens, scheduler, wandb run id, model shape, and on token folders the data position: the same on
+every rank, restored at any world size), and per rank
 ``rank{r}`` (data loader position and RNG states: plain types, tensors and numeric numpy arrays; restored
 only at the same world size). Checkpoints are data: they are read without running code (``checkpoint/safe_load.py``).
 """

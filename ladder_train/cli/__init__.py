@@ -3,9 +3,9 @@
 ``ladder-train --config R [key=value ...]`` trains (also ``python -m ladder_train.train``, what torchrun
 launches); its subcommands are ``show`` (resolved config and model size), ``study`` (a grid of runs) and ``demo`` (the
 quick start's job).
-``ladder-bench``, ``ladder-eval``, ``ladder-export``, ``ladder-report``, ``ladder-predict`` and ``ladder-generate`` parse
-their flags in this package's modules (``cli/bench.py``, ... each with ``run(argv)``) and call the library; no
-library module imports this package. ``cli/args.py`` holds the flag parsing they share.
+``ladder-bench``, ``ladder-eval``, ``ladder-export``, ``ladder-report``, ``ladder-predict``, ``ladder-generate`` and
+``ladder-data`` parse their flags in this package's modules (``cli/bench.py``, ... each with ``run(argv)``) and call
+the library; no library module imports this package. ``cli/args.py`` holds the flag parsing they share.
 
 Exit status, the same for every command: 0 done; 1 the work failed (a damaged checkpoint, a non-finite loss,
 run.dir in use by another trainer: ``errors.RunFailed``); 2 bad input, nothing done (a flag, config key,
@@ -62,3 +62,4 @@ ladder_export = _module_command("ladder-export", "ladder_train.cli.export")
 ladder_report = _module_command("ladder-report", "ladder_train.cli.report")
 ladder_predict = _module_command("ladder-predict", "ladder_train.cli.predict")
 ladder_generate = _module_command("ladder-generate", "ladder_train.cli.generate")
+ladder_data = _module_command("ladder-data", "ladder_train.cli.data")

@@ -8,6 +8,11 @@ state = loader.state_dict(); loader.load_state_dict(state)   # exact resume
 
 With ``data.format: chat`` the documents are conversations and the labels are -100 except on the assistant's
 tokens (conversations.py).
+
+Token folders (``ladder-data prepare``: tokenize_files.py writes, token_files.py checks and maps) are read by
+``build_dataloader`` too, through token_loader.py: a global order of instances (global_order.py) and a weighted
+mixture (mixture.py, ``data.sources``) that do not depend on the world size; the position is
+``loader.global_state()``, kept in the trainer's checkpoint entry.
 """
 
 from .errors import DataError

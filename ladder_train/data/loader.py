@@ -28,7 +28,7 @@ from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
 from .errors import DataError
 from .packing import PackedWindows, collate_windows
-from .sources import bad_row_message, open_source, read_error_message
+from .sources import bad_row_message, is_token_folder, open_source, read_error_message
 from .tokenizer import eos_id
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ def build_dataloader(
     source: str | None = None,
     num_workers: int | None = None,
     cycle: bool | None = None,
+    global_batch_size: int | None = None,
 ) -> PackedDataLoader:
     """Batches of ``(inputs, labels)``, LongTensor ``(batch_size, data_cfg.seq_len)`` each, for one
     data-parallel rank.
@@ -157,14 +158,30 @@ def build_dataloader(
 
     ``data_cfg.format == "chat"``: the documents are the ``messages`` of each row, rendered with the chat
     template of ``data_cfg.chat_template``, and the labels are -100 except on assistant tokens (conversations.py).
+
+    Token folders (``ladder-data prepare``: ``data.sources``, or a token folder as the source) are read by memory
+    map instead (token_loader.py), the training split in a global order of ``global_batch_size`` instances per
+    step (default: ``batch_size`` x ranks) that does not depend on the world size.
     """
     _check_request(data_cfg, batch_size, dp_rank, dp_world_size)
     training = split is None or split == data_cfg.split
     split = data_cfg.split if split is None else split
     if source is None:
         source = data_cfg.source if training else (data_cfg.validation_source or data_cfg.source)
-    num_workers = data_cfg.num_workers if num_workers is None else num_workers
     cycle = training if cycle is None else cycle
+    if (training and getattr(data_cfg, "sources", None)) or is_token_folder(source):
+        from .token_loader import token_loader
+
+        return token_loader(data_cfg, tokenizer, source, training, batch_size, dp_rank, dp_world_size, seed,
+                            global_batch_size, cycle)  # fmt: skip
+    num_workers = data_cfg.num_workers if num_workers is None else num_workers
+    return _stream_loader(data_cfg, tokenizer, batch_size, dp_rank, dp_world_size, seed, split, str(source),
+                          num_workers, cycle, training)  # fmt: skip
+
+
+def _stream_loader(data_cfg, tokenizer: Tokenizer, batch_size: int, dp_rank: int, dp_world_size: int, seed: int,
+                   split: str, source: str, num_workers: int, cycle: bool, training: bool) -> PackedDataLoader:  # fmt: skip
+    """The on-the-fly path: documents streamed, tokenized and packed in the loader's workers."""
     data_format = getattr(data_cfg, "format", "text")
     encoder, column = (
         _conversation_encoder(data_cfg, tokenizer) if data_format == "chat" else (None, data_cfg.text_column)

@@ -6,6 +6,9 @@
 - ``python-stdlib``: the running Python's standard library ``.py`` files, one document per file, a corpus
   every machine has (offline smoke runs; every 20th file is held out as the validation split).
 
+A token folder (``is_token_folder``: ladder-data prepare's output) is not streamed: loader.py hands it to
+token_loader.py.
+
 Local files are checked before any worker starts (exists, not empty, UTF-8, has the text column) so a bad
 file gives a one-line error naming it. In chat mode (``data.format: chat``) the column is ``messages``, a list of
 ``{role, content}`` messages (conversations.py); a bad row found later is reported with its file and line.
@@ -24,6 +27,7 @@ import pyarrow.parquet as pq
 
 from .conversations import CHAT_COLUMN, conversation_problem
 from .errors import DataError, note
+from .token_files import META_NAME
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +240,12 @@ def stdlib_files(split: str) -> list[Path]:
     if split == "validation":
         return [p for i, p in enumerate(files) if i % 20 == 19]
     raise DataError(f"data.source: {STDLIB_SOURCE} has splits train and validation, not '{split}'")
+
+
+def is_token_folder(source) -> bool:
+    """Whether ``source`` is a token folder (``ladder-data prepare``'s output, read by memory map): it holds the
+    metadata file."""
+    return source is not None and Path(str(source)).expanduser().joinpath(META_NAME).is_file()
 
 
 def is_local(source: str) -> bool:

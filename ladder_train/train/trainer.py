@@ -121,6 +121,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "wandb_id": self.wandb_id,
             "model_args": dataclasses.asdict(self.model_args),
+            "data": self.loader.global_state() if hasattr(self.loader, "global_state") else None,  # token folders
         }
 
     def _rank_state(self) -> dict:
@@ -158,6 +159,7 @@ class Trainer:
         self.wandb_id = state["wandb_id"] if path.resolve().is_relative_to(self.run_dir.resolve()) else None
         self.scheduler.load_state_dict(state["scheduler"])
         apply_schedule(self.scheduler)  # this run's schedule from the restored step on (a longer total_steps)
+        data_note = self.loader.load_global_state(state.get("data")) if hasattr(self.loader, "global_state") else ""
         note = ""
         if rank_state is not None:
             torch.set_rng_state(rank_state["rng_cpu"])
@@ -168,9 +170,8 @@ class Trainer:
         else:
             note = (
                 f"; saved with {state['world_size']} processes, now {self.env.world_size}: weights and optimizer "
-                "resharded, the data stream is re-split per rank and starts again from its beginning"
-                + self.guard.data_restarted()
-            )
+                f"resharded, {data_note or 'the data stream is re-split per rank and starts again from its beginning'}"
+            ) + ("" if data_note else self.guard.data_restarted())
         if self.env.is_main:
             print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
 
@@ -198,6 +199,7 @@ class Trainer:
             dp_rank=self.env.rank,
             dp_world_size=self.env.world_size,
             seed=self.cfg.run.seed,
+            global_batch_size=self.batch.global_batch,  # token folders: the global order's batch
         )
 
     # one optimizer step ------------------------------------------------------------------------------
