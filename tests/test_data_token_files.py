@@ -22,7 +22,7 @@ from ladder_train.data import DataError, build_dataloader, byte_tokenizer
 from ladder_train.data.global_order import GlobalOrder, permute
 from ladder_train.data.mixture import Mixture
 from ladder_train.data.token_files import META_NAME, OFFSETS_NAME, TOKENS_NAME, open_token_folder, token_dtype
-from ladder_train.data.token_loader import TokenFileLoader, TokenWindows
+from ladder_train.data.token_loader import TokenFileLoader, TokenWindows, refuse_stream_resume
 from ladder_train.data.tokenize_files import prepare
 from ladder_train.errors import ConfigError
 
@@ -389,6 +389,10 @@ def test_a_resume_that_changes_the_seed_mixture_or_folder_is_refused(corpus, tmp
     assert loader.global_batches == 7
     with pytest.raises(DataError, match=r"^data: the checkpoint holds no token-file data position"):
         loader.load_global_state(None)
+    # the other direction: a run reading documents on the fly cannot continue the token-file order
+    with pytest.raises(DataError, match=r"^data: the checkpoint was trained on token folders \(7 global batches read\)"):
+        refuse_stream_resume({**saved, "global_batches": 7})
+    assert refuse_stream_resume(None) == ""
 
 
 @pytest.mark.slow

@@ -139,6 +139,18 @@ def _same_sources(saved: list[dict], now: list[dict]) -> None:
             )
 
 
+def refuse_stream_resume(state: dict | None) -> str:
+    """A run reading documents on the fly cannot continue a checkpoint's token-file order: refused in one line
+    (its stream would start again from the beginning and repeat what the token files gave). Returns ""."""
+    if isinstance(state, dict) and state.get("kind") == KIND:
+        raise DataError(
+            f"data: the checkpoint was trained on token folders ({state['global_batches']} global batches read); "
+            "resume with the same data.source / data.sources folders, or start from its weights with "
+            "checkpoint.load_model_only=true"
+        )
+    return ""
+
+
 class TokenWindows:
     """Validation: a token folder's windows in file order, rank r taking windows r, r + R, ...; micro-batches of
     ``batch_size``, the last partial one dropped; ``cycle`` starts again at the end."""

@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data.packing import IGNORE_INDEX
+from ..data.token_loader import refuse_stream_resume
 from ..errors import EXIT_REQUEUE, InputError, Preempted
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
@@ -159,7 +160,8 @@ class Trainer:
         self.wandb_id = state["wandb_id"] if path.resolve().is_relative_to(self.run_dir.resolve()) else None
         self.scheduler.load_state_dict(state["scheduler"])
         apply_schedule(self.scheduler)  # this run's schedule from the restored step on (a longer total_steps)
-        data_note = self.loader.load_global_state(state.get("data")) if hasattr(self.loader, "global_state") else ""
+        load = self.loader.load_global_state if hasattr(self.loader, "global_state") else refuse_stream_resume
+        data_note = load(state.get("data"))
         note = ""
         if rank_state is not None:
             torch.set_rng_state(rank_state["rng_cpu"])
