@@ -6,6 +6,7 @@ efficiency) and the console table."""
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 from pathlib import Path
 
@@ -32,6 +33,17 @@ def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
         row["_where"] = f"{path}:{number}"
         rows.append(row)
     return rows
+
+
+def cpu_model() -> str:
+    """The processor's name (``model name`` of /proc/cpuinfo on Linux), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def percentile(ordered: list[float], q: float) -> float:

@@ -44,7 +44,7 @@ from ..model.tp_sharding import check_tp_degree
 from ..parallel import free_port, init_distributed
 from .module_times import module_times_ms, peak_memory
 from .profiling import trace_generations
-from .results import derive, print_table, summarize, write_rows
+from .results import cpu_model, derive, print_table, summarize, write_rows
 
 DEFAULT_RUNS = {True: 10, False: 3}  # timed runs per case: on a GPU, on the CPU
 COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
@@ -119,6 +119,7 @@ def environment(device: torch.device, tp: int, opts: argparse.Namespace, compile
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "host": platform.node(),
+        "cpu_model": cpu_model(),
         "torch": torch.__version__,
         "nccl": nccl,
         "backend": "nccl" if device.type == "cuda" else "gloo",
@@ -131,7 +132,15 @@ def environment(device: torch.device, tp: int, opts: argparse.Namespace, compile
         "link_bandwidth_gbs": opts.link_bandwidth_gbs,
         "link": "emulated serialised" if emulated_link(opts) else ("gloo" if device.type == "cpu" else "nccl"),
         "date": datetime.date.today().isoformat(),
+        **_invocation(),
     }
+
+
+def _invocation() -> dict:
+    """When this invocation started (UTC) and an id no other invocation shares: the rows of several invocations
+    appended to one file are told apart by it (``report/doc_tp_tables.py``)."""
+    started = datetime.datetime.now(datetime.UTC)
+    return {"started": started.isoformat(timespec="seconds"), "invocation": f"{started:%Y%m%dT%H%M%S.%f}-{os.getpid()}"}
 
 
 def _sync(device: torch.device):

@@ -2,7 +2,9 @@
 
 In a doc, such a table sits between ``<!-- table NAME: COMMAND -->`` and ``<!-- end table -->``;
 ``python -m ladder_train.report.docs_tables --write`` remakes every one from its data, ``--check`` (what
-tests/test_docs.py runs) fails where a doc's table differs from what its data give. NAME picks the function below.
+tests/test_docs.py runs) fails where a doc's table differs from what its data give. NAME picks the function in
+``TABLES`` below; the benchmarks' tables are in ``doc_bench_tables.py`` (benchmarks/*.py ``--out``) and
+``doc_tp_tables.py`` (ladder-bench ``--out``, several invocations per file: medians and ranges).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ..study import analysis
 from ..study.groups import group_runs
+from . import doc_bench_tables, doc_tp_tables
 from .runs import read_run
 from .tables import markdown_table
 
@@ -84,6 +87,8 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "study-lr-sweep": study_lr_sweep,
     "predict-paper70": json_table("docs/results/predict_paper70.json"),  # written by `ladder-predict paper --out`
     "activation-memory": activation_memory,
+    **doc_bench_tables.TABLES,  # the developer benchmarks' JSON lines (benchmarks/*.py --out)
+    **doc_tp_tables.TABLES,  # ladder-bench's JSON lines, several invocations per file
 }
 
 

@@ -1,0 +1,175 @@
+"""docs/benchmarks.md's tables of the developer benchmarks (``benchmarks/``), made from the JSON lines their
+``--out`` appends under ``docs/results/`` (registered in ``docs_tables.TABLES``).
+
+A sample is one repeat of one invocation (``invocation``, ``repeat``). Every figure with more than one sample is
+shown as its median with the lowest and highest in brackets; a ratio (pipeline against the raw tokenizer, trainer
+against the bare loop) is taken within each sample, side by side, before its median.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from .tables import markdown_table
+
+DATA_PIPELINE = "docs/results/data_pipeline/cpu.jsonl"  # python -m benchmarks.data_loader --out
+TRAINER_OVERHEAD = "docs/results/trainer_overhead/cpu.jsonl"  # python -m benchmarks.train_step --out
+CHECKPOINT = "docs/results/checkpoint/cpu.jsonl"  # python -m benchmarks.checkpoint_stall --out
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The JSON lines of ``path`` (blank lines skipped)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def spread(values: Iterable[float], spec: str, suffix: str = "") -> str:
+    """``median (lowest–highest)`` of the values; the median alone where they all print the same."""
+    values = list(values)
+    middle = format(statistics.median(values), spec) + suffix
+    low, high = format(min(values), spec), format(max(values), spec)
+    return middle if low == high else f"{middle} ({low}–{high}{suffix})"
+
+
+def by_sample(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """The rows of each sample (invocation, repeat), in file order."""
+    samples: dict[tuple, list[dict]] = {}
+    for row in rows:
+        samples.setdefault((row["invocation"], row.get("repeat", 0)), []).append(row)
+    return samples
+
+
+def provenance(rows: list[dict], path: str, libraries: tuple[str, ...] = ("torch",)) -> str:
+    """Where and when: the dates, CPU model and cores, library versions, invocations and samples, the file."""
+    hosts = {json.dumps(row["host"], sort_keys=True): row["host"] for row in rows}.values()
+    machines = "; ".join(sorted({f"{h['cpu_model']} ({h['cpu_count']} cores)" for h in hosts}))
+    libs = ", ".join(f"{name} {'/'.join(sorted({str(h['versions'].get(name)) for h in hosts}))}" for name in libraries)
+    dates = ", ".join(sorted({row["date"] for row in rows}))
+    invocations = len({row["invocation"] for row in rows})
+    commands = "; ".join(f"`{command}`" for command in dict.fromkeys(row["command"] for row in rows))
+    return (
+        f"Measured {dates} on {machines}, {libs}: {len(by_sample(rows))} samples from {invocations} "
+        f"invocation{'s' if invocations > 1 else ''} ({commands}), rows in `{path}`."
+    )
+
+
+def from_file(relative: str, make: Callable[[list[dict], str], str]) -> Callable[[Path], str]:
+    """The table function docs_tables registers: ``make`` on the rows of ``root / relative``."""
+
+    def table(root: Path) -> str:
+        return make(read_rows(root / relative), relative)
+
+    table.__doc__ = make.__doc__
+    return table
+
+
+def data_pipeline(rows: list[dict], path: str = DATA_PIPELINE) -> str:
+    """benchmarks/data_loader.py: tokens/s of the raw tokenizer calls and of a pass of the loader per worker count,
+    per worker, and against each raw call of the same sample."""
+    body = []
+    for batch in dict.fromkeys(row["batch_size"] for row in rows):
+        samples = [s for s in by_sample(rows).values() if s[0]["batch_size"] == batch]
+        raw = [{r["call"]: r["tokens_per_s"] for r in s if r["quantity"] == "raw"} for s in samples]
+        body.append(["raw `encode_batch`, 1 thread", str(batch), spread([r["encode_batch"] for r in raw], ",.0f"),
+                     "", "1.00", ""])  # fmt: skip
+        body.append(["raw `encode_batch_fast`, 1 thread", str(batch),
+                     spread([r["encode_batch_fast"] for r in raw], ",.0f"),
+                     "", spread([r["encode_batch_fast"] / r["encode_batch"] for r in raw], ".2f"), "1.00"])  # fmt: skip
+        workers = dict.fromkeys(r["workers"] for s in samples for r in s if r["quantity"] == "pipeline")
+        for count in workers:  # (total tokens/s, the same sample's raw rates) of the samples that ran this count
+            pairs = [(r["tokens_per_s"], rates) for s, rates in zip(samples, raw, strict=True) for r in s
+                     if r["quantity"] == "pipeline" and r["workers"] == count]  # fmt: skip
+            per = [(total / max(count, 1), rates) for total, rates in pairs]
+            body.append([
+                f"pipeline, {count} worker{'s' if count != 1 else ''}" + (" (main process)" if count == 0 else ""),
+                str(batch), spread([total for total, _ in pairs], ",.0f"), spread([p for p, _ in per], ",.0f"),
+                spread([p / rates["encode_batch"] for p, rates in per], ".2f"),
+                spread([p / rates["encode_batch_fast"] for p, rates in per], ".2f"),
+            ])  # fmt: skip
+    header = ["", "batch", "tokens/s total", "per worker", "/ `encode_batch`", "/ `encode_batch_fast`"]
+    first = rows[0]
+    raw_tokens = next(r["tokens"] for r in rows if r["quantity"] == "raw")
+    return (
+        markdown_table(header, body)
+        + f"\n\nMedians (lowest–highest) over the samples; each ratio is taken within a sample, then its median. "
+        f"Source: `{first['source']}` ({first['split']}), {first['documents']:,} documents, "
+        f"{first['characters'] / 1e6:.1f}M characters, {raw_tokens:,} tokens; windows of {first['seq_len'] + 1} "
+        f"tokens; tokenization single-threaded. "
+        + provenance(rows, path, ("torch", "tokenizers", "datasets", "torchdata"))
+        + "\n"
+    )
+
+
+def trainer_overhead(rows: list[dict], path: str = TRAINER_OVERHEAD) -> str:
+    """benchmarks/train_step.py: the best round of the bare loop and of the trainer in each sample, and their
+    ratio."""
+    best = {"bare": [], "trainer": []}
+    for sample in by_sample(rows).values():
+        for loop in best:
+            best[loop].append(max(r["tokens_per_s"] for r in sample if r["loop"] == loop))
+    ratio = [t / b for t, b in zip(best["trainer"], best["bare"], strict=True)]
+    first = rows[0]
+    body = [
+        ["bare loop", spread(best["bare"], ",.0f"), "1.000"],
+        ["trainer", spread(best["trainer"], ",.0f"), spread(ratio, ".3f")],
+    ]
+    m = first["model"]
+    steps = sorted({r["steps"] for r in rows})
+    return (
+        markdown_table(["", f"tokens/s, best of {first['rounds']} rounds", "/ bare loop"], body)
+        + f"\n\nOverhead (1 - trainer / bare): {spread([100 * (1 - x) for x in ratio], '.1f', ' %')} "
+        f"over {len(ratio)} samples of alternating rounds; every round ran {'/'.join(map(str, steps))} steps, each "
+        f"trainer round in a fresh run folder. Model: {m['residual']}, {m['n_layers']} layers, dim {m['dim']}, "
+        f"{m['n_heads']} heads, FFN {m['ffn_dim']}, vocab {m['vocab_size']} ({first['parameters']:,} parameters); "
+        f"seq {first['seq_len']}, global batch {first['global_batch_size']} in micro-batches of "
+        f"{first['micro_batch_size']}; {first['dtype']} on {first['device']}. " + provenance(rows, path) + "\n"
+    )
+
+
+def checkpoint_stall(rows: list[dict], path: str = CHECKPOINT) -> str:
+    """benchmarks/checkpoint_stall.py part 1: per checkpoint setting, the training's total time, its median step
+    and the stall per save."""
+    stalls = [r for r in rows if r["part"] == "stall"]
+    body = []
+    for setting in dict.fromkeys(r["setting"] for r in stalls):
+        of = [r for r in stalls if r["setting"] == setting]
+        stall = [r["stall_per_save_s"] for r in of if r["stall_per_save_s"] is not None]
+        label = setting + (" (`checkpoint.async_save=true`)" if of[0]["async_save"] else "")
+        body.append([label, str(of[0]["saves"]), spread([r["total_s"] for r in of], ".2f"),
+                     spread([r["median_step_s"] for r in of], ".3f"), spread(stall, ".3f") if stall else "-"])  # fmt: skip
+    steps = "/".join(map(str, sorted({r["steps"] for r in stalls})))
+    header = ["checkpoints", "saves", f"total s ({steps} steps)", "median step s", "stall per save s"]
+    return (
+        markdown_table(header, body)
+        + "\n\nStall = median wall of the step intervals holding a save minus the median of the others, per training; "
+        "medians (lowest–highest) over the samples. " + provenance(stalls, path) + "\n"
+    )
+
+
+def checkpoint_sizes(rows: list[dict], path: str = CHECKPOINT) -> str:
+    """benchmarks/checkpoint_stall.py part 2: per model width, the DCP checkpoint's size and its save and load
+    times."""
+    sizes = [r for r in rows if r["part"] == "size"]
+    body = []
+    for dim in dict.fromkeys(r["dim"] for r in sizes):
+        of = [r for r in sizes if r["dim"] == dim]
+        mib = statistics.median(r["bytes"] / 2**20 for r in of)
+        body.append([str(dim), f"{of[0]['params']:,}", f"{mib:,.1f}", spread([r["save_s"] for r in of], ".3f"),
+                     spread([r["load_s"] for r in of], ".3f"),
+                     spread([r["bytes"] / 2**20 / r["save_s"] for r in of], ",.0f")])  # fmt: skip
+    header = ["dim", "parameters", "checkpoint MiB", "save s", "load s", "save MiB/s"]
+    return (
+        markdown_table(header, body)
+        + "\n\nModel + AdamW state saved and loaded by the trainer's `Checkpointer` (DCP, one process); medians "
+        "(lowest–highest) over the samples. " + provenance(sizes, path) + "\n"
+    )
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "data-pipeline": from_file(DATA_PIPELINE, data_pipeline),
+    "trainer-overhead": from_file(TRAINER_OVERHEAD, trainer_overhead),
+    "checkpoint-stall": from_file(CHECKPOINT, checkpoint_stall),
+    "checkpoint-size": from_file(CHECKPOINT, checkpoint_sizes),
+}

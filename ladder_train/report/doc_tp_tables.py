@@ -1,0 +1,258 @@
+"""The docs' tables of tensor-parallel generation, made from ladder-bench's JSON lines under ``docs/results/``
+(registered in ``docs_tables.TABLES``): several invocations of one command append to one file, and each table shows
+per case the median over the invocations with the lowest and highest in brackets.
+
+An invocation's rows are one sample: its speedups, communication share and overlap efficiency were derived within it
+(``bench/results.py``: ``derive``), side by side, before any median. Rows are told apart by invocation with
+``started`` (recorded by ladder-bench: ``invocation``, else ``started``), and where neither is recorded by a case that repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from ..bench import link_sweep
+from ..bench.results import latency_note, read_bench
+from ..predict.compare import bench_rows, compare
+from ..predict.hardware import load_profiles
+from .bench import spread_notes
+from .doc_bench_tables import spread
+from .tables import markdown_table
+
+TP_GENERATION = "docs/results/tp_generation/cpu.jsonl"  # docs/results.md, "Tensor-parallel generation"
+LINK_SWEEP = "docs/results/tp_link_sweep/cpu.jsonl"  # docs/benchmarks.md, the link sweep
+OVERLAP_CHECKS = "docs/results/tp_overlap/cpu.jsonl"  # docs/benchmarks.md, the two overlap checks
+PREDICT_CPU = "docs/results/predict_cpu"  # one `ladder-predict validate --out-dir` folder per invocation
+LAYOUT_ORDER = {"standard": 0, "parallel": 1, "ladder": 2}
+
+
+def case_key(row: dict) -> tuple:
+    """What one invocation measures once: model, layout, batch and the link."""
+    return (row["model"], row.get("shape"), row["layout"], row["batch"], row.get("emulated_link_latency_ms") or 0.0,
+            row.get("link_bandwidth_gbs"), row.get("tp"), row.get("prompt_len"), row.get("gen_len"))  # fmt: skip
+
+
+def invocations(rows: list[dict]) -> list[list[dict]]:
+    """The rows split into the invocations that appended them, in file order."""
+    groups: list[list[dict]] = []
+    seen: set[tuple] = set()
+    for row in rows:
+        new_start = bool(groups) and _run_id(row) != _run_id(groups[-1][0])
+        if not groups or new_start or case_key(row) in seen:
+            groups.append([])
+            seen = set()
+        groups[-1].append(row)
+        seen.add(case_key(row))
+    return groups
+
+
+def _run_id(row: dict) -> str | None:
+    return row.get("invocation") or row.get("started")
+
+
+def samples(rows: list[dict]) -> dict[tuple, list[tuple[dict, dict]]]:
+    """Per case (in the order of first appearance, standard first within a link setting), its (row, the standard row
+    of the same invocation, shape, batch and link) pairs, one per invocation."""
+    found: dict[tuple, list[tuple[dict, dict]]] = {}
+    for group in invocations(rows):
+        standard = {case_key(r)[:2] + case_key(r)[3:]: r for r in group if r["layout"] == "standard"}
+        for row in group:
+            key = case_key(row)
+            found.setdefault(key, []).append((row, standard.get(key[:2] + key[3:])))
+    order = list(found)
+    return dict(sorted(found.items(), key=lambda kv: (kv[0][4], kv[0][1], kv[0][3], LAYOUT_ORDER.get(kv[0][2], 9),
+                                                      order.index(kv[0]))))  # fmt: skip
+
+
+def cell(pairs: list[tuple[dict, dict]], figure: Callable[[dict, dict], float | None], spec: str, suffix="") -> str:
+    """The spread of ``figure(row, standard)`` over the invocations that have it; "—" where none has."""
+    values = [v for row, standard in pairs if (v := figure(row, standard)) is not None]
+    return spread(values, spec, suffix) if values else "—"
+
+
+def _percent(key: str) -> Callable[[dict, dict], float | None]:
+    return lambda row, _: None if row.get(key) is None else 100 * row[key]
+
+
+def _none_ms(row: dict, _standard: dict) -> float | None:
+    return (row.get("none") or {}).get("decode_ms_per_token")
+
+
+def _predicted(row: dict, standard: dict) -> float | None:
+    x = row.get("emulated_link_latency_ms") or 0.0
+    return link_sweep.predicted_decode_ms(standard, x) / link_sweep.predicted_decode_ms(row, x)
+
+
+def _x_over(unit: Callable[[dict], float]) -> Callable[[dict, dict], float]:
+    return lambda row, standard: (row.get("emulated_link_latency_ms") or 0.0) / unit(standard)
+
+
+def _shorter_module(row: dict) -> float:
+    return min(row["module_ms"].values())
+
+
+SPEEDUPS = [
+    ("end-to-end speedup", lambda r, _: r.get("speedup_vs_standard"), ".2f", "×"),
+    ("decode speedup", lambda r, _: r.get("decode_speedup_vs_standard"), ".2f", "×"),
+]
+EFFICIENCY = [
+    ("overlap efficiency", _percent("overlap_efficiency"), ".0f", " %"),
+    ("t(none) decode ms/token", _none_ms, ".1f", ""),
+]
+
+
+def _values(rows: list[dict], key: str) -> str:
+    """The values of ``key`` over the rows, "/"-joined."""
+    return "/".join(sorted({str(row.get(key)) for row in rows}))
+
+
+def runs_note(rows: list[dict], path: str) -> str:
+    """How many invocations of how many runs, the setting, when and where, and the file."""
+    groups = invocations(rows)
+    per_case = "/".join(map(str, sorted({len(pairs) for pairs in samples(rows).values()})))
+    spread_of = (
+        f"{len(groups)} invocations: per case the median over its {per_case} (lowest–highest in brackets)"
+        if len(groups) > 1
+        else "One invocation, no spread"
+    )
+    machines = "; ".join(sorted({f"{r.get('cpu_model', '?')}, {r['device']}" for r in rows}))
+    compiled = "/".join(sorted({"compiled" if r["compiled"] else "eager" for r in rows}))
+    return (
+        f"{spread_of}; each invocation's figure is the median of its {_values(rows, 'runs')} measured runs after "
+        f"{_values(rows, 'warmup')} warm-up. TP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
+        f"{_values(rows, 'dtype')}, {compiled}, prompt {_values(rows, 'prompt_len')}, {_values(rows, 'gen_len')} new "
+        "tokens. Speedups are over standard within each invocation; t(none) is the row's decode ms/token with every "
+        "all-reduce skipped, and the overlap efficiency (the ladder's) = (t(standard) - t) / min(t(standard) - "
+        f"t(none, standard), t(none, standard)). Measured {_values(rows, 'date')} on {machines}, torch "
+        f"{_values(rows, 'torch')}; rows in `{path}`."
+    )
+
+
+def tp_generation(rows: list[dict], path: str = TP_GENERATION) -> str:
+    """docs/results.md's TP table: per layout and batch size tokens/s, decode time, speedups, the ceiling, the
+    communication share and the overlap efficiency with t(none)."""
+    header, body, cases = ["layout", "batch"], [], samples(rows)
+    settings = list(dict.fromkeys((key[1], key[4]) for key in cases))
+    if len(settings) > 1:
+        header.insert(0, "shape, X")
+    header += ["tokens/s", "decode ms/token", "speedup vs standard (end-to-end)", "decode speedup vs standard",
+               "ceiling tokens/s", "comm share", "overlap efficiency", "t(none) decode ms/token"]  # fmt: skip
+    for key, pairs in cases.items():
+        line = [key[2], str(key[3]), cell(pairs, lambda r, _: r["tokens_per_s"], ",.1f"),
+                cell(pairs, lambda r, _: r["decode_ms_per_token"], ".2f"),
+                cell(pairs, lambda r, _: r.get("speedup_vs_standard"), ".3f", "×"),
+                cell(pairs, lambda r, _: r.get("decode_speedup_vs_standard"), ".3f", "×"),
+                cell(pairs, lambda r, _: (r.get("none") or {}).get("tokens_per_s"), ",.1f"),
+                cell(pairs, _percent("comm_share"), ".1f", " %"),
+                *(cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY)]  # fmt: skip
+        body.append(([f"{key[1]}, X {key[4]:g} ms"] if len(settings) > 1 else []) + line)
+    notes = [runs_note(rows, path)]
+    if len(settings) == 1:
+        notes += _setting_notes(cases)
+    return markdown_table(header, body) + "\n\n" + "\n\n".join(notes) + "\n"
+
+
+def _setting_notes(cases: dict[tuple, list[tuple[dict, dict]]]) -> list[str]:
+    """The emulated link against the module times (medians over the invocations), and where a layout's tokens/s
+    over the invocations overlaps standard's (``report/bench.py``'s note, the invocations as its runs)."""
+    notes = []
+    standard = [row for key, pairs in cases.items() if key[2] == "standard" for row, _ in pairs]
+    x = standard[0].get("emulated_link_latency_ms") if standard else None
+    if x and all("module_ms" in row for row in standard):
+        modules = {name: statistics.median(row["module_ms"][name] for row in standard) for name in ("attention", "mlp")}
+        notes.append(latency_note(x, modules) + " (module times: medians over the invocations).")
+    merged = [{"layout": key[2], "batch": key[3], "tokens_per_s_runs": {"samples": [row["tokens_per_s"] for row, _ in pairs]}}
+              for key, pairs in cases.items()]  # fmt: skip
+    within = spread_notes(merged)
+    if within:
+        notes.append(within[0].replace("over the timed runs", "over the invocations").replace(", the error bars", ""))
+    return notes
+
+
+def link_table(rows: list[dict], path: str, predicted: bool, shape_column: bool, unit: Callable[[dict], float],
+               unit_name: str) -> str:  # fmt: skip
+    """Per link latency X (and shape) and layout: decode time, speedups, [the predicted decode speedup], the overlap
+    efficiency with t(none)."""
+    header = (["shape"] if shape_column else []) + ["X (ms)", f"X / {unit_name}", "layout", "decode ms/token"]
+    header += [name for name, *_ in SPEEDUPS] + (["predicted decode speedup"] if predicted else [])
+    header += [name for name, *_ in EFFICIENCY]
+    body = []
+    for key, pairs in samples(rows).items():
+        args = pairs[0][0]["model_args"]
+        shape = [f"hidden {args['dim']}, {args['n_layers']} layers, batch {key[3]}"] if shape_column else []
+        x = f"{key[4]:g}" if key[4] else "0 (real gloo)"
+        line = shape + [x, cell(pairs, _x_over(unit), ".2f"), key[2],
+                        cell(pairs, lambda r, _: r["decode_ms_per_token"], ".1f")]  # fmt: skip
+        line += [cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in SPEEDUPS]
+        line += [cell(pairs, _predicted, ".2f", "×")] if predicted else []
+        line += [cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY]
+        body.append(line)
+    note = runs_note(rows, path)
+    if predicted:
+        note += (" *Predicted*: the serialised-link timeline (`bench/link_sweep.py`) fed with each invocation's "
+                 "measured module times and an ideal link of exactly X per all-reduce (no gloo cost).")  # fmt: skip
+    return markdown_table(header, body) + "\n\n" + note + "\n"
+
+
+def link_sweep_table(rows: list[dict], path: str = LINK_SWEEP) -> str:
+    """docs/benchmarks.md's link sweep: one shape at several emulated latencies X, beside the prediction."""
+    return link_table(rows, path, True, False, link_sweep.module_ms, "module")
+
+
+def overlap_checks(rows: list[dict], path: str = OVERLAP_CHECKS) -> str:
+    """docs/benchmarks.md's two overlap checks: two shapes, each at its own X, against the shorter module."""
+    return link_table(rows, path, False, True, _shorter_module, "shorter module")
+
+
+def predict_cpu(root: Path) -> str:
+    """docs/benchmarks.md's predictor on this CPU: each `ladder-predict validate` folder's ladder-bench rows
+    predicted with the profile it calibrated, per case the medians over the folders."""
+    folders = sorted(p.parent for p in (root / PREDICT_CPU).glob("*/bench.jsonl"))
+    merged: dict[tuple, list[dict]] = {}
+    summaries = []
+    for folder in folders:
+        results, summary = compare(bench_rows(folder / "bench.jsonl"), load_profiles(folder / "cpu.yaml")["cpu"])
+        summaries.append(summary)
+        for r in results:
+            merged.setdefault((r["shape"], r["layout"], r["batch"], r["x_ms"]), []).append(r)
+    body = []
+    for (shape, layout, batch, x), found in merged.items():
+        line = [shape, layout, str(batch), f"{x:g}"]
+        for pred, meas, err, spec in (("pred_decode_ms", "meas_decode_ms", "decode_err", ".1f"),
+                                      ("pred_speedup", "meas_speedup", "speedup_err", ".2f"),
+                                      ("pred_none_ms", "meas_none_ms", "none_err", ".1f")):  # fmt: skip
+            pairs = [(r, None) for r in found]
+            line += [cell(pairs, lambda r, _, k=pred: r[k], spec), cell(pairs, lambda r, _, k=meas: r[k], spec),
+                     cell(pairs, lambda r, _, k=err: None if r[k] is None else 100 * r[k], "+.1f", " %")]  # fmt: skip
+        body.append(line)
+    header = ["shape", "layout", "batch", "X ms", "decode ms/tok predicted", "measured", "error",
+              "decode speedup predicted", "measured", "error", "no-comm ms/tok predicted", "measured", "error"]  # fmt: skip
+    errors = ", ".join(
+        f"{name} {cell([(s, None) for s in summaries], lambda s, _, k=key: 100 * s[k], '.1f', ' %')}"
+        for name, key in (("decode time", "decode"), ("decode speedup (not standard)", "speedup"),
+                          ("no-communication time", "none"))
+    )  # fmt: skip
+    rows = [row for folder in folders for row in read_bench(folder / "bench.jsonl")]
+    return (
+        markdown_table(header, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted with the "
+        f"`cpu` profile it calibrated (`{PREDICT_CPU}/*/cpu.yaml`); medians over {len(folders)} folders "
+        "(lowest–highest in brackets). " + runs_note(rows, PREDICT_CPU) + "\n"
+    )
+
+
+def _from_file(relative: str, make: Callable[[list[dict], str], str]) -> Callable[[Path], str]:
+    def table(root: Path) -> str:
+        return make(read_bench(root / relative), relative)
+
+    table.__doc__ = make.__doc__
+    return table
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "tp-generation": _from_file(TP_GENERATION, tp_generation),
+    "tp-link-sweep": _from_file(LINK_SWEEP, link_sweep_table),
+    "tp-overlap-checks": _from_file(OVERLAP_CHECKS, overlap_checks),
+    "predict-cpu": predict_cpu,
+}
