@@ -260,3 +260,10 @@ def test_the_emulated_link_is_refused_where_a_gpu_would_run(monkeypatch, capsys)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert bench_main(["--model", "tiny", "--tp", "2", "--link-latency-ms", "1"]) == 2
     assert "emulate a link on the CPU only" in capsys.readouterr().err
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_any_rank_runs(tmp_path, capsys):
+    (tmp_path / "file.txt").write_text("")
+    assert bench_main(["--model", "tiny", "--out", str(tmp_path / "file.txt" / "bench.jsonl")]) == 2
+    assert "file.txt/bench.jsonl: not a file path whose folders can be made" in capsys.readouterr().err
+    assert bench_main(["--model", "tiny", "--out", str(tmp_path)]) == 2

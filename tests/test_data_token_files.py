@@ -390,7 +390,9 @@ def test_a_resume_that_changes_the_seed_mixture_or_folder_is_refused(corpus, tmp
     with pytest.raises(DataError, match=r"^data: the checkpoint holds no token-file data position"):
         loader.load_global_state(None)
     # the other direction: a run reading documents on the fly cannot continue the token-file order
-    with pytest.raises(DataError, match=r"^data: the checkpoint was trained on token folders \(7 global batches read\)"):
+    with pytest.raises(
+        DataError, match=r"^data: the checkpoint was trained on token folders \(7 global batches read\)"
+    ):
         refuse_stream_resume({**saved, "global_batches": 7})
     assert refuse_stream_resume(None) == ""
 

@@ -276,7 +276,14 @@ def test_cli_evaluates_an_export_and_refuses_a_tokenizer_mismatch(tokenizer, sha
     argv = [str(export), "--tasks", "piqa_local", "--local-data", str(shared_dir / "eval"), "--limit", "3"]
     assert eval_main([*argv, "--tokenizer", tokenizer_path, "--out", str(out), "--device", "cpu"]) == 0
     assert 0.0 <= json.loads(out.read_text())["summary"]["piqa_local"]["acc"] <= 1.0
-    capsys.readouterr()  # drop the progress bars of the run above
+    # held-out perplexity lands in the same results file, beside the task scores of the same invocation
+    val = ["--val-data", str(shared_dir / "data/fineweb-edu"), "--val-seq-len", "32", "--val-batches", "2"]
+    assert eval_main([*argv, *val, "--tokenizer", tokenizer_path, "--out", str(out), "--device", "cpu"]) == 0
+    record = json.loads(out.read_text())
+    held_out = record["held_out"]
+    assert "piqa_local" in record["summary"] and held_out["tokens"] == 2 * 8 * 32  # 2 batches of 8 windows of 32
+    assert held_out["perplexity"] == pytest.approx(math.exp(held_out["loss"]))
+    capsys.readouterr()  # drop the progress bars of the runs above
 
     small = save_export(tiny_model(vocab_size=1000), tmp_path / "small-vocab")
     assert eval_main([str(small), "--tasks", "piqa_local", "--tokenizer", tokenizer_path]) == 2

@@ -83,7 +83,8 @@ def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: in
 
 
 def write_rows(rows: list[dict], path: str | Path) -> None:
-    """Append ``rows`` to a JSON lines file."""
+    """Append ``rows`` to a JSON lines file (its folder made if needed)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")

@@ -81,6 +81,8 @@ def measurements(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
             "--link-latency-ms / --link-bandwidth-gbs emulate a link on the CPU only (host sleeps do not delay a "
             "GPU's stream): on a GPU the benchmark measures the real interconnect"
         )
+    if opts.out and (Path(opts.out).is_dir() or any(p.exists() and not p.is_dir() for p in Path(opts.out).parents)):
+        raise InputError(f"--out {opts.out}: not a file path whose folders can be made")  # before any rank runs
     if opts.profile and Path(opts.profile).exists() and not Path(opts.profile).is_dir():
         raise InputError(f"--profile {opts.profile}: not a folder")
     if opts.compile == "on" and opts.warmup < COMPILED_WARMUP:

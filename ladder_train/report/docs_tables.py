@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..study import analysis
 from ..study.groups import group_runs
-from . import doc_bench_tables, doc_tp_tables
+from . import doc_bench_tables, doc_eval_tables, doc_tp_tables
 from .runs import read_run
 from .tables import markdown_table
 
@@ -89,14 +89,34 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "activation-memory": activation_memory,
     **doc_bench_tables.TABLES,  # the developer benchmarks' JSON lines (benchmarks/*.py --out)
     **doc_tp_tables.TABLES,  # ladder-bench's JSON lines, several invocations per file
+    **doc_eval_tables.TABLES,  # ladder-eval's results JSON
 }
 
 
-def remake(text: str, root: Path) -> str:
-    """``text`` with every marked table made again from its data; an unknown table name raises KeyError."""
+class MissingData(Exception):
+    """A marked table whose data file is not there (yet): one line naming the table and the file."""
+
+
+def make_table(name: str, root: Path) -> str:
+    """The table ``name`` from its data; a missing data file raises MissingData, an unknown name KeyError."""
+    try:
+        return TABLES[name](root)
+    except FileNotFoundError as err:
+        raise MissingData(f"table {name}: {err.filename} not found (run the command beside the table)") from None
+
+
+def remake(text: str, root: Path, skip_missing: bool = False) -> str:
+    """``text`` with every marked table made again from its data; with ``skip_missing`` a table whose data is
+    missing keeps its text."""
 
     def fill(match: re.Match) -> str:
-        return match.group(1) + TABLES[match.group("name")](root) + match.group(4)
+        try:
+            return match.group(1) + make_table(match.group("name"), root) + match.group(4)
+        except MissingData as err:
+            if not skip_missing:
+                raise
+            print(f"kept: {err}", file=sys.stderr)
+            return match.group(0)
 
     return _BLOCK.sub(fill, text)
 
@@ -107,9 +127,17 @@ def stale_tables(root: Path, docs: tuple[str, ...] = DOCS) -> list[str]:
     for doc in docs:
         text = (root / doc).read_text()
         for match in _BLOCK.finditer(text):
-            if match.group("body") != TABLES[match.group("name")](root):
+            if match.group("body") != make_table(match.group("name"), root):
                 stale.append(f"{doc}: {match.group('name')}")
     return stale
+
+
+def _missing(name: str, root: Path) -> bool:
+    try:
+        make_table(name, root)
+    except MissingData:
+        return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,12 +147,19 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--check", action="store_true", help="exit 1 if a marked table differs from its data")
     parser.add_argument("--root", type=Path, default=Path("."), help="the repository (default: here)")
     args = parser.parse_args(argv)
-    if args.write:
+    if args.write:  # tables whose data is missing keep their text, and the exit status says so
+        missing = []
         for doc in DOCS:
             path = args.root / doc
-            path.write_text(remake(path.read_text(), args.root))
-        return 0
-    stale = stale_tables(args.root)
+            text = path.read_text()
+            path.write_text(remake(text, args.root, skip_missing=True))
+            missing += [m.group("name") for m in _BLOCK.finditer(text) if _missing(m.group("name"), args.root)]
+        return 1 if missing else 0
+    try:
+        stale = stale_tables(args.root)
+    except MissingData as err:
+        print(err, file=sys.stderr)
+        return 1
     for entry in stale:
         print(f"stale table: {entry} (remake it: {COMMAND})", file=sys.stderr)
     return 1 if stale else 0
