@@ -1,9 +1,11 @@
-"""Docs tables made from committed ladder-eval results (``ladder-eval --out``; registered in
-``docs_tables.TABLES``): each cell with lm-eval's standard error where the task gives one."""
+"""Docs tables made from committed run results (registered in ``docs_tables.TABLES``): ladder-eval's results JSON
+(``ladder-eval --out``; each cell with lm-eval's standard error where the task gives one) and training runs'
+``metrics.jsonl`` (medians and ranges over repeated runs)."""
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,4 +62,43 @@ def smollm2_conversion(root: Path) -> str:
     )
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"smollm2-conversion": smollm2_conversion}
+BF16 = Path("docs/results/bf16_cpu")
+
+
+def _last_record(run: Path) -> dict:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in records if "tokens_per_s" in r][-1]
+
+
+def _median_range(values: list[float], spec: str) -> str:
+    return f"{statistics.median(values):{spec}} ({min(values):{spec}}–{max(values):{spec}})"
+
+
+def bf16_cpu(root: Path) -> str:
+    """bf16 against fp32 training, runs ``{dtype}_{i}`` alternating: each run's last logged step (tokens/s over its
+    log interval, step time, peak memory); the speed ratio within each pair i."""
+    runs = sorted((root / BF16).glob("*_*/metrics.jsonl"))
+    last = {p.parent.name: _last_record(p.parent) for p in runs}
+    pairs = sorted({name.split("_")[1] for name in last})
+    rows = []
+    for dtype in ("fp32", "bf16"):
+        records = [last[f"{dtype}_{i}"] for i in pairs]
+        rows.append(
+            [
+                dtype,
+                _median_range([r["tokens_per_s"] for r in records], ",.0f"),
+                _median_range([r["step_time_s"] for r in records], ".1f"),
+                _median_range([r["peak_mem_gib"] for r in records], ".2f"),
+            ]
+        )
+    ratios = [last[f"bf16_{i}"]["tokens_per_s"] / last[f"fp32_{i}"]["tokens_per_s"] for i in pairs]
+    step = last[f"fp32_{pairs[0]}"]["step"]
+    return (
+        markdown_table(["dtype", "tokens/s", "step time s", "peak memory GiB"], rows)
+        + f"\n\nbf16 / fp32 tokens/s within each pair: {_median_range(ratios, '.2f')}; {len(pairs)} alternating pairs, "
+        f"each run's figures at its step {step} (the last log interval); medians (lowest–highest). Runs' "
+        f"`metrics.jsonl` in `{BF16}/`.\n"
+    )
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"smollm2-conversion": smollm2_conversion, "bf16-cpu": bf16_cpu}
