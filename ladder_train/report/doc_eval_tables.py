@@ -101,4 +101,31 @@ def bf16_cpu(root: Path) -> str:
     )
 
 
-TABLES: dict[str, Callable[[Path], str]] = {"smollm2-conversion": smollm2_conversion, "bf16-cpu": bf16_cpu}
+TOKEN_FILES = Path("docs/results/token_files/results.jsonl")
+
+
+def token_files(root: Path) -> str:
+    """The token-file loader's tokens/s on rank 0 per folder, page cache and world size, against the estimated
+    consumption of one GPU (``gpu_estimate``: computed, not measured), in the file's order."""
+    rows = []
+    for line in (root / TOKEN_FILES).read_text().splitlines():
+        r = json.loads(line)
+        folder = (
+            f"synthetic, {r['folder_tokens'] / 1e6:,.0f}M tokens"
+            if r["folder"] == "synthetic"
+            else "FineWeb sample, StarCoder"
+        )
+        need = r["gpu_estimate"]["tokens_per_s_gpu"]
+        rows.append(
+            [folder, "cold" if r["cold"] else "warm", str(r["world_size"]), f"{r['sequences']:,}",
+             f"{r['tokens_per_s_rank']:,.0f}", f"{r['tokens_per_s_rank'] / need:,.0f}x"]
+        )  # fmt: skip
+    header = ["folder", "page cache", "world size", "sequences read by rank 0", "tokens/s per rank", "/ H100 estimate"]
+    return markdown_table(header, rows) + f"\n\nOne run per row; rows in `{TOKEN_FILES}`.\n"
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "smollm2-conversion": smollm2_conversion,
+    "bf16-cpu": bf16_cpu,
+    "token-files": token_files,
+}
