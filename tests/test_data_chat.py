@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from dist_utils import run_ranks
+from tiny import tiny_run_config
 from tokenizers import AddedToken
 
 from ladder_train.config import ConfigError, DataConfig, load_config
@@ -212,24 +213,14 @@ SEQ, VOCAB = 64, 257
 
 def tiny_chat_config(tmp: str, model: str, source: str, micro: int, **extra):
     overrides = {
-        "run.dir": tmp,
-        "model.vocab_size": VOCAB,
-        "model.dim": 32,
-        "model.n_layers": 2,
-        "model.n_heads": 4,
-        "model.ffn_dim": 64,
-        "model.max_seq_len": SEQ,
-        "model.residual": "ladder",
         "data.source": source,
         "data.tokenizer": "byte",
-        "data.seq_len": SEQ,
         "data.num_workers": 0,
         "data.format": "chat",
         "data.chat_template": model,
         "train.global_batch_size": 4,
         "train.micro_batch_size": micro,
         "train.max_steps": 3,
-        "train.log_every": 1,
         "train.dtype": "fp32",
         "train.optimizer.lr": 3e-3,
         "train.schedule.warmup_steps": 1,
@@ -239,7 +230,7 @@ def tiny_chat_config(tmp: str, model: str, source: str, micro: int, **extra):
         "wandb.mode": "disabled",
         **extra,
     }
-    return load_config(None, [f"{k}={v}" for k, v in overrides.items()])
+    return tiny_run_config(tmp, VOCAB, SEQ, **overrides)
 
 
 @torch.no_grad()

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_utils import run_ranks
+from tiny import tiny_run_config
 
 from ladder_train.config import load_config
 from ladder_train.train.dry_run import dry_run
@@ -24,27 +25,11 @@ SEQ, GLOBAL, VOCAB, STEPS = 16, 8, 256, 5
 
 
 def tiny_config(residual: str, micro: int, tmp: str, **extra):
-    overrides = {
-        "run.dir": tmp,
-        "model.vocab_size": VOCAB,
-        "model.dim": 32,
-        "model.n_layers": 2,
-        "model.n_heads": 4,
-        "model.ffn_dim": 64,
-        "model.max_seq_len": SEQ,
-        "model.residual": residual,
-        "data.seq_len": SEQ,
-        "train.global_batch_size": GLOBAL,
-        "train.micro_batch_size": micro,
-        "train.max_steps": STEPS,
-        "train.log_every": 1,
-        "train.optimizer.lr": 3e-3,
-        "train.schedule.warmup_steps": 2,
-        "train.schedule.total_steps": 10,
-        "wandb.mode": "disabled",
-        **extra,
-    }
-    return load_config(None, [f"{k}={v}" for k, v in overrides.items()])
+    return tiny_run_config(
+        tmp, VOCAB, SEQ, residual, **{"train.global_batch_size": GLOBAL, "train.micro_batch_size": micro,
+        "train.max_steps": STEPS, "train.optimizer.lr": 3e-3, "train.schedule.warmup_steps": 2,
+        "train.schedule.total_steps": 10, **extra}
+    )  # fmt: skip
 
 
 def global_batches(rank: int, world: int, micro: int):

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dist_utils import run_ranks
+from tiny import tiny_run_config
 
 from ladder_train.config import ConfigError, ProfileConfig, load_config
 from ladder_train.train import profiling
@@ -22,24 +23,10 @@ SEQ, VOCAB = 16, 64
 
 
 def tiny_config(run_dir: str, steps: int, **extra):
-    overrides = {
-        "run.dir": run_dir,
-        "model.vocab_size": VOCAB,
-        "model.dim": 32,
-        "model.n_layers": 2,
-        "model.n_heads": 4,
-        "model.ffn_dim": 64,
-        "model.max_seq_len": SEQ,
-        "model.residual": "ladder",
-        "data.seq_len": SEQ,
-        "train.global_batch_size": 4,
-        "train.micro_batch_size": 2,
-        "train.max_steps": steps,
-        "train.log_every": 1,
-        "wandb.mode": "disabled",
-        **extra,
-    }
-    return load_config(None, [f"{k}={v}" for k, v in overrides.items()])
+    return tiny_run_config(
+        run_dir, VOCAB, SEQ, **{"train.global_batch_size": 4, "train.micro_batch_size": 2, "train.max_steps": steps,
+        **extra}
+    )  # fmt: skip
 
 
 def random_batches(rank: int):
