@@ -16,6 +16,7 @@ import torch
 from ..config import load_config
 from ..data.chat import TOKENIZER_CONFIG, _token_text
 from ..dtypes import DTYPES
+from ..inference.generate import read_optional_json, stop_tokens
 from ..loading import load_model, model_from_checkpoint, run_config_path
 from ..model.hf_format import DEFAULT_TOKEN_IDS, save_export
 from .model_card import DEFAULT_LICENSE, CardFacts, source_license, write_model_card
@@ -72,7 +73,7 @@ def _finish(model, out_dir: Path, dtype: torch.dtype, tokenizer, facts: CardFact
     token_ids = _token_ids(out_dir, tokenizer, model.args.vocab_size) if tokenizer else None
     save_export(model, out_dir, dtype, token_ids)
     if token_ids:
-        generation = {**_read_json(out_dir / GENERATION_CONFIG), **token_ids}
+        generation = {**read_optional_json(out_dir / GENERATION_CONFIG), **token_ids}
         (out_dir / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
     write_model_card(out_dir, facts, sum(p.numel() for p in model.parameters()))
     return out_dir
@@ -82,14 +83,16 @@ def _token_ids(out_dir: Path, tokenizer, vocab_size: int) -> dict:
     """bos / eos / pad ids: eos is what ladder-generate stops at in this folder (tokenizer_config.json's eos_token,
     else generation_config.json's, else <|endoftext|>); bos is tokenizer_config.json's or the source's, else eos.
     A folder without tokenizer_config.json gets one naming the eos token, so AutoTokenizer knows it too."""
-    from ..inference.generate import stop_tokens
-
     eos, _ = stop_tokens(out_dir, tokenizer, vocab_size)
     if not eos:
         return dict(DEFAULT_TOKEN_IDS)
-    tokenizer_config = _read_json(out_dir / TOKENIZER_CONFIG)
+    tokenizer_config = read_optional_json(out_dir / TOKENIZER_CONFIG)
     bos_text = _token_text(tokenizer_config.get("bos_token"))
-    bos = tokenizer.token_to_id(bos_text) if bos_text else _read_json(out_dir / GENERATION_CONFIG).get("bos_token_id")
+    bos = (
+        tokenizer.token_to_id(bos_text)
+        if bos_text
+        else read_optional_json(out_dir / GENERATION_CONFIG).get("bos_token_id")
+    )
     if not tokenizer_config:
         minimal = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tokenizer.id_to_token(eos[0])}
         (out_dir / TOKENIZER_CONFIG).write_text(json.dumps(minimal, indent=2) + "\n")
@@ -151,7 +154,7 @@ def _run_evals(path: Path) -> tuple[dict, str]:
     """The summary of the run's lm-eval results for this checkpoint's step, and where it came from."""
     if not path.is_file():
         return {}, ""
-    record = _read_json(path)
+    record = read_optional_json(path)
     summary = record.get("summary")
     if not isinstance(summary, dict):
         print(f"warning: {path}: no eval summary in it; the model card lists no eval results", file=sys.stderr)
@@ -160,14 +163,6 @@ def _run_evals(path: Path) -> tuple[dict, str]:
     limit = record.get("limit")
     rows = f"the first {limit} rows of each task" if limit else "every row of each task"
     return summary, f"lm-eval through ladder-eval at this checkpoint's step, {rows} ({path.name} of the run)."
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

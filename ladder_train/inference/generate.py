@@ -215,7 +215,7 @@ class Generator:
 # ``ladder-generate``: one prompt, one completion ------------------------------------------------------------
 
 
-def _read_json(path):
+def read_optional_json(path):
     """A folder's optional JSON file: {} when absent."""
     import json
 
@@ -233,7 +233,7 @@ def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
     An id list (Llama 3's generation_config.json has several) stops at any of them."""
     from ..data.chat import TOKENIZER_CONFIG, _token_text, tokenizer_config_folder
 
-    eos_text = _token_text(_read_json(tokenizer_config_folder(folder) / TOKENIZER_CONFIG).get("eos_token"))
+    eos_text = _token_text(read_optional_json(tokenizer_config_folder(folder) / TOKENIZER_CONFIG).get("eos_token"))
     if eos_text:
         token_id = tokenizer.token_to_id(eos_text)
         if token_id is None:
@@ -241,7 +241,7 @@ def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
             raise InputError(f"{where}: eos_token {eos_text!r} is not in the tokenizer")
         return [token_id], f"{eos_text} (eos_token of {TOKENIZER_CONFIG})"
     for name in ("generation_config.json", "config.json"):
-        ids = _read_json(folder / name).get("eos_token_id")
+        ids = read_optional_json(folder / name).get("eos_token_id")
         if ids is not None:
             ids = [ids] if isinstance(ids, int) else list(ids)
             if not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
