@@ -314,6 +314,20 @@ def test_the_link_sweep_and_overlap_tables(tmp_path, tp_rows):
 
 
 @pytest.mark.slow
+def test_the_compiled_path_table_counts_each_invocations_graphs(tmp_path, tp_rows):
+    """Rows as a compiled invocation writes them (compiled, backend, its compilations): 3 layouts x {real, none}
+    x 1 batch size may compile 12 graphs; the table shows each invocation's count beside that."""
+    compiled = [{**r, "compiled": True, "compile_backend": "inductor", "compilations": 12 - i // 3}
+                for i, r in enumerate(tp_rows[:6])]  # fmt: skip
+    place(tmp_path, tp_tables.TP_COMPILED, compiled)
+    table = TABLES["tp-compiled"](tmp_path)
+    assert table_row(table, "1", "ladder") == ["1", "ladder", "1", "yes", "inductor", str(compiled[0]["gen_len"]),
+                                               str(compiled[0]["runs"]), "12", "12"]  # fmt: skip
+    assert table_row(table, "2", "standard")[7:] == ["11", "12"]
+    assert f"rows in `{tp_tables.TP_COMPILED}`" in table
+
+
+@pytest.mark.slow
 def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(tmp_path, tp_rows):
     import yaml
 

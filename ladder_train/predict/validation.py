@@ -5,7 +5,7 @@ link and two emulated latencies X each, then print predicted against measured (`
 The three shapes span the regimes that decide what overlap can do: small latency-bound modules (batch 1,
 hidden 2304), larger memory-bound ones (batch 1, hidden 4096) and compute-bound ones (batch 64, hidden 3072);
 for each, one X below its modules' decode compute and one above. Run it on a quiet machine (it takes
-~15 minutes on 2 cores): timings taken while other jobs share the cores are distorted.
+~10 minutes on 2 cores): timings taken while other jobs share the cores are distorted.
 """
 
 from __future__ import annotations

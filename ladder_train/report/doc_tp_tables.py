@@ -24,6 +24,7 @@ from .tables import markdown_table
 TP_GENERATION = "docs/results/tp_generation/cpu.jsonl"  # docs/results.md, "Tensor-parallel generation"
 LINK_SWEEP = "docs/results/tp_link_sweep/cpu.jsonl"  # docs/benchmarks.md, the link sweep
 OVERLAP_CHECKS = "docs/results/tp_overlap/cpu.jsonl"  # docs/benchmarks.md, the two overlap checks
+TP_COMPILED = "docs/results/tp_compiled/cpu.jsonl"  # docs/benchmarks.md, the compiled path on the CPU
 PREDICT_CPU = "docs/results/predict_cpu"  # one `ladder-predict validate --out-dir` folder per invocation
 LAYOUT_ORDER = {"standard": 0, "parallel": 1, "ladder": 2}
 
@@ -242,6 +243,29 @@ def predict_cpu(root: Path) -> str:
     )
 
 
+def tp_compiled(rows: list[dict], path: str = TP_COMPILED) -> str:
+    """docs/benchmarks.md's compiled path on the CPU: per invocation and layout what ran compiled and what it
+    generated, and the compilations against the two graphs (prefill, decode) each model, communicator and batch size
+    may have. Its timings (a model of 0.1-0.5 ms over a few decode steps) are dispatch noise and are left out."""
+    header = ["invocation", "layout", "batch", "compiled", "backend", "new tokens per run", "timed runs",
+              "compilations (invocation)", "allowed"]  # fmt: skip
+    body = []
+    for number, group in enumerate(invocations(rows), 1):
+        graphs = 2 * len(group) * (2 if any(r.get("none") for r in group) else 1)  # x {real, none} communicators
+        for r in group:
+            body.append([str(number), r["layout"], str(r["batch"]), "yes" if r["compiled"] else "no",
+                         r["compile_backend"] or "—", str(r["gen_len"]), str(r["runs"]),
+                         str(r.get("compilations", "—")), str(graphs)])  # fmt: skip
+    machines = "; ".join(sorted({f"{r.get('cpu_model', '?')}, {r['device']}" for r in rows}))
+    return (
+        markdown_table(header, body) + f"\n\nTP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
+        f"{_values(rows, 'dtype')}, prompt {_values(rows, 'prompt_len')}; {_values(rows, 'warmup')} warm-up runs. "
+        f"Allowed = 2 graphs (prefill, decode) per model, communicator (real, none) and batch size; ladder-bench "
+        f"fails above it. Measured {_values(rows, 'date')} on {machines}, torch {_values(rows, 'torch')}; rows in "
+        f"`{path}`.\n"
+    )
+
+
 def _from_file(relative: str, make: Callable[[list[dict], str], str]) -> Callable[[Path], str]:
     def table(root: Path) -> str:
         return make(read_bench(root / relative), relative)
@@ -255,4 +279,5 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "tp-link-sweep": _from_file(LINK_SWEEP, link_sweep_table),
     "tp-overlap-checks": _from_file(OVERLAP_CHECKS, overlap_checks),
     "predict-cpu": predict_cpu,
+    "tp-compiled": _from_file(TP_COMPILED, tp_compiled),
 }
