@@ -40,3 +40,29 @@ def test_a_new_run_changes_the_table_it_feeds(tmp_path):
     shutil.rmtree(root / "docs/results/study_small/lr/model.residual=parallel,train.optimizer.lr=3.2e-2")
     remade = remake((root / "docs" / "results.md").read_text(), root)
     assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | not yet |" in remade
+
+
+def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
+    """Two seeds per group: the paired difference and its interval are the ones computed by hand."""
+    import pytest
+    from fabricate import fabricate_run
+
+    from ladder_train.report.docs_tables import STUDY_SEEDS, MissingData, make_table
+
+    with pytest.raises(MissingData, match="table study-seeds: .*study_small/seeds"):
+        make_table("study-seeds", tmp_path)
+    seeds = tmp_path / STUDY_SEEDS
+    seeds.mkdir(parents=True)
+    for layout, layers, bases in (("standard", 2, (2.0, 2.2)), ("ladder", 2, (2.1, 2.4)), ("standard", 1, (2.5, 2.6))):
+        for seed, base in enumerate(bases):
+            overrides = [f"model.n_layers={layers}", f"run.seed={seed}"]
+            fabricate_run(seeds, f"{layout}_{layers}_s{seed}", layout, base, overrides, summary={})
+    table = make_table("study-seeds", tmp_path)
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+            for line in table.splitlines() if line.startswith("| validation")}  # fmt: skip
+    # ladder - standard: +0.1, +0.2 -> mean 0.15, sd 0.0707; t(0.975, 1) = 12.7062 -> half-width 0.6353
+    assert rows[("validation loss (nats/token)", "ladder")][3:5] == ["+0.1500", "[-0.4853, +0.7853]"]
+    assert "half-width 0.6353 ≥ 0.01" in rows[("validation loss (nats/token)", "ladder")][6]
+    assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][-1] == "baseline"
+    assert "6 of the study's 12 seed runs finished" in table and "ladder: 0, 1" in table
+    assert "slowest–fastest): 506 (506–506)" in table  # fabricated tokens/s 501..510: median 505.5

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,13 +20,16 @@ from pathlib import Path
 from ..study import analysis
 from ..study.groups import group_runs
 from . import doc_bench_tables, doc_eval_tables, doc_tp_tables
-from .runs import read_run
+from .runs import read_run, train_tokens_per_s
+from .study import comparison_section
 from .tables import markdown_table
 
 DOCS = ("README.md", "docs/results.md", "docs/benchmarks.md", "docs/guide.md", "docs/design.md")
 COMMAND = "python -m ladder_train.report.docs_tables --write"
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 STUDY_LR = Path("docs/results/study_small/lr")
+STUDY_SEEDS = Path("docs/results/study_small/seeds")
+STUDY_SEED_RUNS = 12  # 3 seeds x (standard, parallel, ladder, the 6-layer standard control), as docs/results.md plans
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
@@ -52,6 +56,27 @@ def study_lr_sweep(root: Path) -> str:
         markdown_table(["layout \\ peak lr", *(f"{lr:g}" for lr in rates)], rows)
         + f"\n\nValidation loss in nats/byte at step {', '.join(map(str, sorted(horizon)))}, one seed each; "
         f"from the {len(folders)} runs in `{STUDY_LR}`.\n"
+    )
+
+
+def study_seeds(root: Path) -> str:
+    """The layout study's seeds: per metric and group mean ± sd and the paired difference to standard with its 95 %
+    interval, read against the study's resolution of 0.01 nats per byte (``report.study.comparison_section``)."""
+    folders = sorted(p.parent for p in (root / STUDY_SEEDS).glob("*/metrics.jsonl"))
+    if not folders:
+        raise FileNotFoundError(2, "no finished run", str(root / STUDY_SEEDS))
+    runs = [read_run(p) for p in folders]
+    groups = group_runs(runs)
+    baseline = analysis.default_baseline(groups)
+    speeds = sorted(train_tokens_per_s(run) for run in runs)
+    lines = comparison_section(groups, baseline, resolution=0.01)
+    seeds = "; ".join(f"{group.label}: {', '.join(map(str, sorted(group.seeds)))}" for group in groups)
+    return (
+        "\n".join(lines)
+        + f"\n\n{len(folders)} of the study's {STUDY_SEED_RUNS} seed runs finished (seeds per group: {seeds}); "
+        f"from `{STUDY_SEEDS}`. A difference needs two paired seeds for an interval. Training speed (each run's "
+        f"median logged tokens/s; the median run, then the slowest–fastest): {statistics.median(speeds):,.0f} "
+        f"({speeds[0]:,.0f}–{speeds[-1]:,.0f}); the 2-core VM was shared with other work during part of some runs.\n"
     )
 
 
@@ -85,6 +110,7 @@ ACTIVATION_MEMORY = "docs/results/activation_memory/cpu.jsonl"  # written by `py
 
 TABLES: dict[str, Callable[[Path], str]] = {
     "study-lr-sweep": study_lr_sweep,
+    "study-seeds": study_seeds,
     "predict-paper70": json_table("docs/results/predict_paper70.json"),  # written by `ladder-predict paper --out`
     "activation-memory": activation_memory,
     **doc_bench_tables.TABLES,  # the developer benchmarks' JSON lines (benchmarks/*.py --out)
