@@ -17,6 +17,9 @@ SMOLLM2_MODELS = {
     "ladder15": "upper 15 layers ladder",
     "ladder30": "all 30 layers ladder",
 }
+# the same three after the same continued pretraining (docs/results.md, "Retraining"): one run each
+SMOLLM2_RETRAINED = Path("docs/results/smollm2_retrained")
+SMOLLM2_RETRAINED_MODELS = {name: f"{label}, retrained" for name, label in SMOLLM2_MODELS.items()}
 
 
 def _percent(metrics: dict, name: str) -> str:
@@ -28,13 +31,22 @@ def _perplexity(value: float) -> str:
     return f"{value:,.2f}" if value < 1e4 else f"{value:.3g}"
 
 
-def smollm2_conversion(root: Path) -> str:
-    """SmolLM2-135M-Instruct and its conversions to a (hybrid) ladder without retraining: held-out perplexity on
-    FineWeb-Edu and WikiText-2, and four tasks on their first 200 rows."""
+def smollm2_table(folder: Path, models: dict[str, str]) -> Callable[[Path], str]:
+    """SmolLM2-135M-Instruct and its conversions to a (hybrid) ladder, as stored in ``folder``: held-out perplexity
+    on FineWeb-Edu and WikiText-2, and four tasks on their first rows (``NAME_tasks.json``, ``NAME_wikitext.json``
+    written by ladder-eval --out for each NAME of ``models``)."""
+
+    def table(root: Path) -> str:
+        return _smollm2_rows(root / folder, folder, models)
+
+    return table
+
+
+def _smollm2_rows(path: Path, folder: Path, models: dict[str, str]) -> str:
     rows, notes = [], set()
-    for name, label in SMOLLM2_MODELS.items():
-        tasks = json.loads((root / SMOLLM2 / f"{name}_tasks.json").read_text())
-        wikitext = json.loads((root / SMOLLM2 / f"{name}_wikitext.json").read_text())["held_out"]
+    for name, label in models.items():
+        tasks = json.loads((path / f"{name}_tasks.json").read_text())
+        wikitext = json.loads((path / f"{name}_wikitext.json").read_text())["held_out"]
         summary, fineweb = tasks["summary"], tasks["held_out"]
         lambada = summary["lambada_local"]
         rows.append(
@@ -51,14 +63,14 @@ def smollm2_conversion(root: Path) -> str:
         notes.add((fineweb["tokens"], wikitext["tokens"], tasks["limit"]))
     (fineweb_tokens, wikitext_tokens, limit), *rest = sorted(notes)
     if rest:
-        raise ValueError(f"{SMOLLM2}: the models were evaluated on different data sizes: {sorted(notes)}")
+        raise ValueError(f"{folder}: the models were evaluated on different data sizes: {sorted(notes)}")
     header = ["model", "FineWeb-Edu ppl", "WikiText-2 ppl", "ARC-Easy acc", "PIQA acc", "OpenBookQA acc_norm",
               "LAMBADA acc (ppl)"]  # fmt: skip
     return (
         markdown_table(header, rows)
         + f"\n\nPerplexity over {fineweb_tokens:,} FineWeb-Edu and {wikitext_tokens:,} WikiText-2 tokens; tasks on "
         f"their first {limit} rows, accuracy in % ± lm-eval's standard error; one evaluation per model "
-        f"(`{SMOLLM2}/*.json`).\n"
+        f"(`{folder}/*.json`).\n"
     )
 
 
@@ -125,7 +137,8 @@ def token_files(root: Path) -> str:
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
-    "smollm2-conversion": smollm2_conversion,
+    "smollm2-conversion": smollm2_table(SMOLLM2, SMOLLM2_MODELS),
+    "smollm2-retrained": smollm2_table(SMOLLM2_RETRAINED, SMOLLM2_RETRAINED_MODELS),
     "bf16-cpu": bf16_cpu,
     "token-files": token_files,
 }
