@@ -109,8 +109,9 @@ def _values(rows: list[dict], key: str) -> str:
     return "/".join(sorted({str(row.get(key)) for row in rows}))
 
 
-def runs_note(rows: list[dict], path: str) -> str:
-    """How many invocations of how many runs, the setting, when and where, and the file."""
+def runs_note(rows: list[dict], path: str, definitions: bool = True) -> str:
+    """How many invocations of how many runs, the setting, when and where, and the file; with ``definitions`` also
+    what the speedup, t(none) and overlap efficiency columns mean."""
     groups = invocations(rows)
     per_case = "/".join(map(str, sorted({len(pairs) for pairs in samples(rows).values()})))
     spread_of = (
@@ -124,9 +125,15 @@ def runs_note(rows: list[dict], path: str) -> str:
         f"{spread_of}; each invocation's figure is the median of its {_values(rows, 'runs')} measured runs after "
         f"{_values(rows, 'warmup')} warm-up. TP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
         f"{_values(rows, 'dtype')}, {compiled}, prompt {_values(rows, 'prompt_len')}, {_values(rows, 'gen_len')} new "
-        "tokens. Speedups are over standard within each invocation; t(none) is the row's decode ms/token with every "
-        "all-reduce skipped, and the overlap efficiency (the ladder's) = (t(standard) - t) / min(t(standard) - "
-        f"t(none, standard), t(none, standard)). Measured {_values(rows, 'date')} on {machines}, torch "
+        "tokens. "
+        + (
+            "Speedups are over standard within each invocation; t(none) is the row's decode ms/token with every "
+            "all-reduce skipped, and the overlap efficiency (the ladder's) = (t(standard) - t) / min(t(standard) - "
+            "t(none, standard), t(none, standard)). "
+            if definitions
+            else ""
+        )
+        + f"Measured {_values(rows, 'date')} on {machines}, torch "
         f"{_values(rows, 'torch')}; rows in `{path}`."
     )
 
@@ -239,7 +246,8 @@ def predict_cpu(root: Path) -> str:
     return (
         markdown_table(header, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted with the "
         f"`cpu` profile it calibrated (`{PREDICT_CPU}/*/cpu.yaml`); medians over {len(folders)} folders "
-        "(lowest–highest in brackets). " + runs_note(rows, PREDICT_CPU) + "\n"
+        "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
+        + runs_note(rows, PREDICT_CPU, definitions=False) + "\n"
     )
 
 
