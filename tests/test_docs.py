@@ -66,3 +66,19 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][-1] == "baseline"
     assert "6 of the study's 12 seed runs finished" in table and "ladder: 0, 1" in table
     assert "slowest–fastest): 506 (506–506)" in table  # fabricated tokens/s 501..510: median 505.5
+
+
+def test_the_retrained_smollm2_table_reads_its_own_folder(tmp_path):
+    """The retraining's table is the conversion table's function on another folder: the conversion's results
+    copied there give the same figures under the retrained labels; without them the table is missing data."""
+    import pytest
+
+    from ladder_train.report.doc_eval_tables import SMOLLM2, SMOLLM2_RETRAINED
+    from ladder_train.report.docs_tables import MissingData, make_table
+
+    with pytest.raises(MissingData, match="smollm2_retrained"):
+        make_table("smollm2-retrained", tmp_path)
+    shutil.copytree(ROOT / SMOLLM2, tmp_path / SMOLLM2_RETRAINED)
+    conversion, retrained = make_table("smollm2-conversion", ROOT), make_table("smollm2-retrained", tmp_path)
+    assert "| upper 15 layers ladder, retrained | 83.83 | 105.88 | 36.0 ± 3.4 |" in retrained
+    assert retrained.replace(", retrained", "").replace(str(SMOLLM2_RETRAINED), str(SMOLLM2)) == conversion

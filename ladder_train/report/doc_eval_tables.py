@@ -35,11 +35,7 @@ def smollm2_table(folder: Path, models: dict[str, str]) -> Callable[[Path], str]
     """SmolLM2-135M-Instruct and its conversions to a (hybrid) ladder, as stored in ``folder``: held-out perplexity
     on FineWeb-Edu and WikiText-2, and four tasks on their first rows (``NAME_tasks.json``, ``NAME_wikitext.json``
     written by ladder-eval --out for each NAME of ``models``)."""
-
-    def table(root: Path) -> str:
-        return _smollm2_rows(root / folder, folder, models)
-
-    return table
+    return lambda root: _smollm2_rows(root / folder, folder, models)
 
 
 def _smollm2_rows(path: Path, folder: Path, models: dict[str, str]) -> str:

@@ -109,9 +109,20 @@ def _values(rows: list[dict], key: str) -> str:
     return "/".join(sorted({str(row.get(key)) for row in rows}))
 
 
-def runs_note(rows: list[dict], path: str, definitions: bool = True) -> str:
-    """How many invocations of how many runs, the setting, when and where, and the file; with ``definitions`` also
-    what the speedup, t(none) and overlap efficiency columns mean."""
+# what the columns of the tables with speedups, t(none) and an overlap efficiency mean (after runs_note)
+DEFINITIONS = (
+    "Speedups are over standard within each invocation; t(none) is the row's decode ms/token with every all-reduce "
+    "skipped, and the overlap efficiency (the ladder's) = (t(standard) - t) / min(t(standard) - t(none, standard), "
+    "t(none, standard))."
+)
+
+
+def _machines(rows: list[dict]) -> str:
+    return "; ".join(sorted({f"{r.get('cpu_model', '?')}, {r['device']}" for r in rows}))
+
+
+def runs_note(rows: list[dict], path: str) -> str:
+    """How many invocations of how many runs, the setting, when and where, and the file."""
     groups = invocations(rows)
     per_case = "/".join(map(str, sorted({len(pairs) for pairs in samples(rows).values()})))
     spread_of = (
@@ -119,22 +130,13 @@ def runs_note(rows: list[dict], path: str, definitions: bool = True) -> str:
         if len(groups) > 1
         else "One invocation, no spread"
     )
-    machines = "; ".join(sorted({f"{r.get('cpu_model', '?')}, {r['device']}" for r in rows}))
     compiled = "/".join(sorted({"compiled" if r["compiled"] else "eager" for r in rows}))
     return (
         f"{spread_of}; each invocation's figure is the median of its {_values(rows, 'runs')} measured runs after "
         f"{_values(rows, 'warmup')} warm-up. TP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
         f"{_values(rows, 'dtype')}, {compiled}, prompt {_values(rows, 'prompt_len')}, {_values(rows, 'gen_len')} new "
-        "tokens. "
-        + (
-            "Speedups are over standard within each invocation; t(none) is the row's decode ms/token with every "
-            "all-reduce skipped, and the overlap efficiency (the ladder's) = (t(standard) - t) / min(t(standard) - "
-            "t(none, standard), t(none, standard)). "
-            if definitions
-            else ""
-        )
-        + f"Measured {_values(rows, 'date')} on {machines}, torch "
-        f"{_values(rows, 'torch')}; rows in `{path}`."
+        f"tokens. Measured {_values(rows, 'date')} on {_machines(rows)}, torch {_values(rows, 'torch')}; rows in "
+        f"`{path}`."
     )
 
 
@@ -156,7 +158,7 @@ def tp_generation(rows: list[dict], path: str = TP_GENERATION) -> str:
                 cell(pairs, _percent("comm_share"), ".1f", " %"),
                 *(cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY)]  # fmt: skip
         body.append(([f"{key[1]}, X {key[4]:g} ms"] if len(settings) > 1 else []) + line)
-    notes = [runs_note(rows, path)]
+    notes = [f"{runs_note(rows, path)} {DEFINITIONS}"]
     if len(settings) == 1:
         notes += _setting_notes(cases)
     return markdown_table(header, body) + "\n\n" + "\n\n".join(notes) + "\n"
@@ -197,7 +199,7 @@ def link_table(rows: list[dict], path: str, predicted: bool, shape_column: bool,
         line += [cell(pairs, _predicted, ".2f", "×")] if predicted else []
         line += [cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY]
         body.append(line)
-    note = runs_note(rows, path)
+    note = f"{runs_note(rows, path)} {DEFINITIONS}"
     if predicted:
         note += (" *Predicted*: the serialised-link timeline (`bench/link_sweep.py`) fed with each invocation's "
                  "measured module times and an ideal link of exactly X per all-reduce (no gloo cost).")  # fmt: skip
@@ -247,7 +249,8 @@ def predict_cpu(root: Path) -> str:
         markdown_table(header, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted with the "
         f"`cpu` profile it calibrated (`{PREDICT_CPU}/*/cpu.yaml`); medians over {len(folders)} folders "
         "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
-        + runs_note(rows, PREDICT_CPU, definitions=False) + "\n"
+        + runs_note(rows, PREDICT_CPU)
+        + "\n"
     )
 
 
@@ -264,12 +267,11 @@ def tp_compiled(rows: list[dict], path: str = TP_COMPILED) -> str:
             body.append([str(number), r["layout"], str(r["batch"]), "yes" if r["compiled"] else "no",
                          r["compile_backend"] or "—", str(r["gen_len"]), str(r["runs"]),
                          str(r.get("compilations", "—")), str(graphs)])  # fmt: skip
-    machines = "; ".join(sorted({f"{r.get('cpu_model', '?')}, {r['device']}" for r in rows}))
     return (
         markdown_table(header, body) + f"\n\nTP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
         f"{_values(rows, 'dtype')}, prompt {_values(rows, 'prompt_len')}; {_values(rows, 'warmup')} warm-up runs. "
         f"Allowed = 2 graphs (prefill, decode) per model, communicator (real, none) and batch size; ladder-bench "
-        f"fails above it. Measured {_values(rows, 'date')} on {machines}, torch {_values(rows, 'torch')}; rows in "
+        f"fails above it. Measured {_values(rows, 'date')} on {_machines(rows)}, torch {_values(rows, 'torch')}; rows in "
         f"`{path}`.\n"
     )
 
