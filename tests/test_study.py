@@ -224,6 +224,10 @@ def test_study_report_chooses_each_layouts_rate_on_the_sweep_and_pairs_the_seeds
     from ladder_train.report import write_report
 
     text = write_report([study_dir], tmp_path / "out", resolution=0.1).read_text()
+    # a study's runs come in name order, which makes none of them a baseline: one row per run, no "vs" column
+    results = _table(text, "Results")
+    assert len(results) == 15 and " vs " not in text.split("## Results\n")[1].split("\n## ")[0]
+    assert {row[0]: row[2] for row in results}["sweep_standard_0.002"] == "2.8000"  # validation loss, base + 1
     sweep = {row[0]: row for row in _table(text, "Learning-rate sweep")}
     assert sweep["standard"][1:] == ["10", "3.0000", "2.8000", "2.9000", "0.002"]
     assert sweep["ladder"][2:5] == ["3.1000", "2.9000", "2.7000"] and sweep["ladder"][5].startswith(

@@ -16,7 +16,7 @@ def run(argv: list[str]) -> int:
         "runs",
         nargs="*",
         type=Path,
-        help="run folders or study folders (the first run is the baseline of the relative column)",
+        help="run folders or study folders (up to 4 runs named one by one are columns, the last relative to the first; more, or a study's, are rows)",
     )
     parser.add_argument(
         "--baseline", default=None, help="the group of seeds the paired differences are taken to (default: standard)"

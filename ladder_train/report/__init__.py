@@ -20,9 +20,11 @@ from ..study import groups as seed_groups
 from .bench import bench_section
 from .runs import Run, read_run
 from .study import comparison_section, seeds_section, sweep_section
-from .tables import markdown_table, plot_loss, plot_lr, results_table
+from .tables import markdown_table, plot_loss, plot_lr, results_table, runs_table
 
 __all__ = ["Run", "find_runs", "read_run", "write_report"]
+
+SIDE_BY_SIDE = 4  # up to this many runs named one by one are columns; more, or a study's, are rows
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -30,7 +32,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
     down) stands for them, in name order."""
     found = []
     for path in map(Path, paths):
-        if (path / "metrics.jsonl").is_file() or not path.is_dir():
+        if _is_run(path):
             found.append(path)  # read_run names what is missing
             continue
         inside = sorted({p.parent for p in [*path.glob("*/metrics.jsonl"), *path.glob("*/*/metrics.jsonl")]})
@@ -38,6 +40,10 @@ def find_runs(paths: list[Path]) -> list[Path]:
             raise ConfigError(f"{path}: not a run folder (missing metrics.jsonl), nor a study folder holding runs")
         found.extend(inside)
     return found
+
+
+def _is_run(path: Path) -> bool:
+    return (path / "metrics.jsonl").is_file() or not path.is_dir()
 
 
 def write_report(
@@ -54,8 +60,12 @@ def write_report(
     if runs:
         lines.append("Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".")
         lines += ["", "## Results", ""]
-        header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
-        lines.append(markdown_table(header, results_table(runs)))
+        if len(runs) <= SIDE_BY_SIDE and all(map(_is_run, run_dirs)):
+            # runs named one by one, in the order their reader chose: the last one relative to the first
+            header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
+            lines.append(markdown_table(header, results_table(runs)))
+        else:  # a study's runs are in name order, which makes no baseline: its comparisons are the sections below
+            lines.append(markdown_table(*runs_table(runs)))
         lines.append("")
         lines += _study_sections(runs, out, baseline, resolution)
         lines += ["## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]

@@ -54,6 +54,13 @@ def results_table(runs: list[Run]) -> list[list[str]]:
     return rows
 
 
+def runs_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """The same figures with one row per run (for many runs, or a study's, where no run is the baseline)."""
+    rows = [row[:-1] for row in results_table(runs)]  # without the relative column
+    header = ["run", *(row[0] for row in rows)]
+    return header, [[run.label, *(row[i + 1] for row in rows)] for i, run in enumerate(runs)]
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
