@@ -251,6 +251,25 @@ def test_study_report_chooses_each_layouts_rate_on_the_sweep_and_pairs_the_seeds
     assert not any(metric.startswith("piqa_local") for metric, _ in rows)
     assert rows[("wikitext2_local bits_per_byte", "ladder")][3] == "-0.0233"
     assert (tmp_path / "out" / "lr_sweep.png").stat().st_size > 10_000
+    assert "](paired_validation.png)" in text and (tmp_path / "out" / "paired_validation.png").stat().st_size > 10_000
+
+
+def test_paired_validation_curves_hold_the_paired_interval_at_every_validation(study_dir):
+    from ladder_train.report import find_runs, read_run
+    from ladder_train.report.study import paired_validation_curves
+    from ladder_train.study import analysis, groups
+
+    repeated = analysis.seeded(groups.group_runs([read_run(p) for p in find_runs([study_dir])]))
+    seeded = groups.group_runs([run for group in repeated for run in group.runs])  # labelled among themselves
+    base = analysis.default_baseline(seeded)
+    curves = {curve.label: curve for curve in paired_validation_curves(seeded, base)}
+    assert sorted(curves) == ["ladder", "standard (model.n_layers=1)"]
+    # validation loss = base + 11 - step, so every step's per-seed difference is the bases': -0.1, -0.2, -0.4
+    ladder = curves["ladder"]
+    assert ladder.pairs == 3 and len(ladder.tokens) == len(base.runs[0].val) > 1
+    assert all(m == pytest.approx(-0.2333, abs=1e-4) for m in ladder.means)
+    assert all(lo == pytest.approx(-0.6128, abs=1e-4) and hi == pytest.approx(0.1461, abs=1e-4)
+               for lo, hi in ladder.intervals)  # fmt: skip
 
 
 def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one(study_dir, tmp_path, capsys):

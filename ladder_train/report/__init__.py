@@ -6,7 +6,7 @@ and PNG plots (matplotlib): loss against tokens, learning rate, and TP decode to
 with the no-communication ceiling. Runs that repeat one config under several seeds are also grouped
 (``study/groups.py``): mean ± sd per group and the difference to the first group with its uncertainty. A study
 (``ladder-train study``; give its folder) adds each layout's learning-rate curve and best rate, and the paired
-differences to the baseline with 95 % intervals (``study/analysis.py``).
+differences to the baseline with 95 % intervals (``study/analysis.py``), also over training as a plot.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..study import analysis
 from ..study import groups as seed_groups
 from .bench import bench_section
 from .runs import Run, read_run
-from .study import comparison_section, seeds_section, sweep_section
+from .study import comparison_section, plot_paired_validation, seeds_section, sweep_section
 from .tables import markdown_table, plot_loss, plot_lr, results_table, runs_table
 
 __all__ = ["Run", "find_runs", "read_run", "write_report"]
@@ -97,4 +97,6 @@ def _study_sections(runs: list[Run], out: Path, baseline: str | None, resolution
             base = matches[0]
         if len(seeded) > 1:
             lines += ["## Paired comparison", "", *comparison_section(seeded, base, resolution), ""]
+            plot = plot_paired_validation(seeded, base, out, resolution)
+            lines += [f"![paired validation differences]({plot.name})", ""]
     return lines

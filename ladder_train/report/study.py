@@ -3,11 +3,13 @@ layout's learning-rate curve and best rate, and the paired differences at the be
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..plots import new_figure, save_figure
 from ..study import analysis
 from ..study import groups as seed_groups
+from ..study.stats import paired_difference
 from .runs import final_train_loss, final_val_loss
 from .tables import markdown_table
 
@@ -102,5 +104,62 @@ def plot_sweeps(sweeps: list[analysis.Sweep], out: Path) -> Path:
         title="Learning-rate sweep (star: the rate chosen)",
         xlabel="peak learning rate",
         ylabel=f"validation loss at step {sweeps[0].horizon_step} (nats/token)",
+        legend_size=8,
+    )
+
+
+@dataclass
+class PairedCurve:
+    """A group's validation loss minus the baseline's, seed by seed, at the tokens every pair logged."""
+
+    label: str
+    pairs: int
+    tokens: list[float]
+    means: list[float]
+    intervals: list[tuple[float, float]] | None  # 95 % t interval per point, from two pairs on
+
+
+def paired_validation_curves(groups: list[seed_groups.Group], baseline: seed_groups.Group) -> list[PairedCurve]:
+    base = {run.seed: {r["tokens"]: r["val_loss"] for r in run.val} for run in baseline.runs}
+    curves = []
+    for group in groups:
+        runs = [run for run in group.runs if run.seed in base]
+        if group is baseline or not runs:
+            continue
+        per_seed = [
+            {r["tokens"]: r["val_loss"] - base[run.seed][r["tokens"]] for r in run.val if r["tokens"] in base[run.seed]}
+            for run in runs
+        ]
+        tokens = sorted(set.intersection(*(set(diffs) for diffs in per_seed)))
+        if len(runs) >= 2:
+            paired = [paired_difference([diffs[t] for diffs in per_seed], [0.0] * len(runs)) for t in tokens]
+            means, intervals = [d.mean for d in paired], [(d.low, d.high) for d in paired]
+        else:
+            means, intervals = [per_seed[0][t] for t in tokens], None
+        curves.append(PairedCurve(group.label, len(runs), tokens, means, intervals))
+    return curves
+
+
+def plot_paired_validation(
+    groups: list[seed_groups.Group], baseline: seed_groups.Group, out: Path, resolution: float | None
+) -> Path:
+    """The paired validation differences over training, each with its 95 % band, beside zero and ± the resolution."""
+    fig, ax = new_figure(8, 4.5)
+    for i, curve in enumerate(paired_validation_curves(groups, baseline)):
+        if curve.intervals is not None:
+            lows, highs = zip(*curve.intervals, strict=True)
+            ax.fill_between(curve.tokens, lows, highs, color=f"C{i}", alpha=0.2)
+        ax.plot(curve.tokens, curve.means, "o-", color=f"C{i}", markersize=3, label=f"{curve.label} (n={curve.pairs})")
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    if resolution is not None:
+        for sign in (1, -1):
+            ax.axhline(sign * resolution, color="grey", linestyle=":", linewidth=0.8)
+    return save_figure(
+        fig,
+        ax,
+        out / "paired_validation.png",
+        title=f"Validation loss minus {baseline.label}'s, seed by seed (band: 95 % t interval)",
+        xlabel="tokens",
+        ylabel="paired difference (nats/token)",
         legend_size=8,
     )
