@@ -97,6 +97,9 @@ def plot_sweeps(sweeps: list[analysis.Sweep], out: Path) -> Path:
         if sweep.choice is not None:
             ax.plot([sweep.choice.best], [sweep.choice.loss], "*", color=f"C{i}", markersize=14)
     ax.set_xscale("log")
+    rates = sorted({lr for sweep in sweeps for lr in sweep.losses})
+    ax.set_xticks(rates, [f"{lr:g}" for lr in rates])  # the rates tried, not log-scale decades
+    ax.minorticks_off()
     return save_figure(
         fig,
         ax,
