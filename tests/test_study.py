@@ -270,6 +270,7 @@ def test_paired_validation_curves_hold_the_paired_interval_at_every_validation(s
     assert all(m == pytest.approx(-0.2333, abs=1e-4) for m in ladder.means)
     assert all(lo == pytest.approx(-0.6128, abs=1e-4) and hi == pytest.approx(0.1461, abs=1e-4)
                for lo, hi in ladder.intervals)  # fmt: skip
+    assert [round(d[-1], 4) for d in ladder.per_seed] == [-0.1, -0.2, -0.4]
 
 
 def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one(study_dir, tmp_path, capsys):

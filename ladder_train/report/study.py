@@ -120,6 +120,7 @@ class PairedCurve:
     tokens: list[float]
     means: list[float]
     intervals: list[tuple[float, float]] | None  # 95 % t interval per point, from two pairs on
+    per_seed: list[list[float]]  # each pair's own difference at those tokens
 
 
 def paired_validation_curves(groups: list[seed_groups.Group], baseline: seed_groups.Group) -> list[PairedCurve]:
@@ -139,20 +140,24 @@ def paired_validation_curves(groups: list[seed_groups.Group], baseline: seed_gro
             means, intervals = [d.mean for d in paired], [(d.low, d.high) for d in paired]
         else:
             means, intervals = [per_seed[0][t] for t in tokens], None
-        curves.append(PairedCurve(group.label, len(runs), tokens, means, intervals))
+        each = [[diffs[t] for t in tokens] for diffs in per_seed]
+        curves.append(PairedCurve(group.label, len(runs), tokens, means, intervals, each))
     return curves
 
 
 def plot_paired_validation(
     groups: list[seed_groups.Group], baseline: seed_groups.Group, out: Path, resolution: float | None
 ) -> Path:
-    """The paired validation differences over training, each with its 95 % band, beside zero and ± the resolution."""
+    """The paired validation differences over training: the mean with its 95 % band and each pair's own (thin), beside
+    zero and ± the resolution."""
     fig, ax = new_figure(8, 4.5)
     for i, curve in enumerate(paired_validation_curves(groups, baseline)):
         if curve.intervals is not None:
             lows, highs = zip(*curve.intervals, strict=True)
             ax.fill_between(curve.tokens, lows, highs, color=f"C{i}", alpha=0.2)
         ax.plot(curve.tokens, curve.means, "o-", color=f"C{i}", markersize=3, label=f"{curve.label} (n={curve.pairs})")
+        for diffs in curve.per_seed if curve.pairs > 1 else ():  # few pairs: each one shown, thin
+            ax.plot(curve.tokens, diffs, "-", color=f"C{i}", linewidth=0.7, alpha=0.6)
     ax.axhline(0.0, color="black", linewidth=0.8)
     if resolution is not None:
         for sign in (1, -1):
