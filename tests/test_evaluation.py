@@ -208,10 +208,19 @@ def test_local_arc_easy_and_piqa_through_simple_evaluate(tokenizer, shared_dir, 
     assert len(flat) == sum(len(m) for m in first.values())
 
 
-def test_local_lambada_openbookqa_and_wikitext(tokenizer, shared_dir):
+def test_local_lambada_openbookqa_and_wikitext(tokenizer, shared_dir, monkeypatch):
+    import multiprocessing
+
+    def no_fork(*args, **kwargs):  # lm-eval's bootstrap pool: a fork of a threaded trainer can hang (harness.py)
+        raise AssertionError("lm-eval forked a multiprocessing pool")
+
+    monkeypatch.setattr(multiprocessing, "Pool", no_fork)
+    monkeypatch.delenv("DISABLE_MULTIPROC", raising=False)
     model = tiny_model()
     tasks = ["openbookqa_local", "lambada_local", "wikitext2_local"]
     results = evaluate(model, tokenizer, tasks, local_data=shared_dir / "eval", limit=2, print_table=False)
+    assert "DISABLE_MULTIPROC" not in os.environ  # set for the evaluation only
+    assert results["lambada_local"]["perplexity_stderr"] > 0  # bootstrapped, in this process
     assert 0.0 <= results["openbookqa_local"]["acc"] <= 1.0
     assert 0.0 <= results["lambada_local"]["acc"] <= 1.0
     assert results["lambada_local"]["perplexity"] > 1.0

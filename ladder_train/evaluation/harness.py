@@ -8,9 +8,11 @@ tokenizer) is checked before any data is loaded or any token is scored.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -93,16 +95,33 @@ def _simple_evaluate(lm, tasks: list[str], include_path, local_data, limit, boot
             include_paths.insert(0, materialise_local_tasks(local_data, Path(scratch)))
         manager = task_manager_for(tasks, include_paths)
         try:
-            return lm_eval.simple_evaluate(
-                model=lm,
-                tasks=tasks,
-                task_manager=manager,
-                limit=limit,
-                bootstrap_iters=bootstrap_iters,
-                log_samples=False,
-            )
+            with _bootstrap_in_process():
+                return lm_eval.simple_evaluate(
+                    model=lm,
+                    tasks=tasks,
+                    task_manager=manager,
+                    limit=limit,
+                    bootstrap_iters=bootstrap_iters,
+                    log_samples=False,
+                )
         except (ConnectionError, DatasetNotFoundError) as err:  # the Hub cannot be reached (offline)
             raise EvalError(unavailable_data_message(err, tasks, manager)) from None
+
+
+@contextlib.contextmanager
+def _bootstrap_in_process():
+    """lm-eval bootstraps a metric's stderr (perplexities) in a forked multiprocessing pool unless DISABLE_MULTIPROC is
+    set. Forking a process that runs threads (torch's, the data loader's) can leave a child holding a lock no thread
+    will release: a study run hung there after its last evaluation. One bootstrap chunk is cheap in process."""
+    before = os.environ.get("DISABLE_MULTIPROC")
+    os.environ["DISABLE_MULTIPROC"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["DISABLE_MULTIPROC"]
+        else:
+            os.environ["DISABLE_MULTIPROC"] = before
 
 
 def _write_results(
