@@ -8,13 +8,13 @@ tokenizer) is checked before any data is loaded or any token is scored.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import lm_eval
 from datasets.exceptions import DatasetNotFoundError
@@ -108,20 +108,11 @@ def _simple_evaluate(lm, tasks: list[str], include_path, local_data, limit, boot
             raise EvalError(unavailable_data_message(err, tasks, manager)) from None
 
 
-@contextlib.contextmanager
 def _bootstrap_in_process():
     """lm-eval bootstraps a metric's stderr (perplexities) in a forked multiprocessing pool unless DISABLE_MULTIPROC is
     set. Forking a process that runs threads (torch's, the data loader's) can leave a child holding a lock no thread
     will release: a study run hung there after its last evaluation. One bootstrap chunk is cheap in process."""
-    before = os.environ.get("DISABLE_MULTIPROC")
-    os.environ["DISABLE_MULTIPROC"] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["DISABLE_MULTIPROC"]
-        else:
-            os.environ["DISABLE_MULTIPROC"] = before
+    return mock.patch.dict(os.environ, {"DISABLE_MULTIPROC": "1"})
 
 
 def _write_results(
