@@ -47,7 +47,7 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     import pytest
     from fabricate import fabricate_run
 
-    from ladder_train.report.docs_tables import STUDY_SEEDS, MissingData, make_table
+    from ladder_train.report.docs_tables import STUDY_SEED_RUNS, STUDY_SEEDS, MissingData, make_table
 
     with pytest.raises(MissingData, match="table study-seeds: .*study_small/seeds"):
         make_table("study-seeds", tmp_path)
@@ -64,7 +64,7 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     assert rows[("validation loss (nats/token)", "ladder")][3:5] == ["+0.1500", "[-0.4853, +0.7853]"]
     assert "half-width 0.6353 ≥ 0.01" in rows[("validation loss (nats/token)", "ladder")][6]
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][-1] == "baseline"
-    assert "6 of the study's 12 seed runs finished" in table and "ladder: 0, 1" in table
+    assert f"6 of the study's {STUDY_SEED_RUNS} seed runs finished" in table and "ladder: 0, 1" in table
     assert "slowest–fastest): 506 (506–506)" in table  # fabricated tokens/s 501..510: median 505.5
 
 

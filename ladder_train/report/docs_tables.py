@@ -29,7 +29,7 @@ COMMAND = "python -m ladder_train.report.docs_tables --write"
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 STUDY_LR = Path("docs/results/study_small/lr")
 STUDY_SEEDS = Path("docs/results/study_small/seeds")
-STUDY_SEED_RUNS = 12  # 3 seeds x (standard, parallel, ladder, the 6-layer standard control), as docs/results.md plans
+STUDY_SEED_RUNS = 15  # 3 seeds x (standard, parallel, ladder, the 6- and 4-layer standard controls), as docs/results.md plans
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
