@@ -166,7 +166,7 @@ def plot_paired_validation(
         fig,
         ax,
         out / "paired_validation.png",
-        title=f"Validation loss minus {baseline.label}'s, seed by seed (band: 95 % t interval)",
+        title=f"Validation loss minus {baseline.label}'s, seed by seed\n(band: 95 % t interval of the mean; thin lines: each pair)",
         xlabel="tokens",
         ylabel="paired difference (nats/token)",
         legend_size=8,
