@@ -240,6 +240,24 @@ def test_wandb_online_without_credentials_falls_back_to_offline(tmp_path, monkey
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["loss"] == 1.5
 
 
+def test_metrics_rows_carry_their_wall_clock_time_in_utc(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    from ladder_train.train.metrics import MetricLogger
+
+    cfg = tiny_config("standard", 8, str(tmp_path / "run"))
+    logger = MetricLogger(cfg, tmp_path / "run", is_main=True)
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    logger.log({"step": 1, "loss": 1.5}, console=False)
+    logger.log({"step": 2, "loss": 1.4}, console=False)
+    logger.close()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    stamps = [datetime.fromisoformat(row["time"]) for row in rows]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(s.utcoffset() == timedelta(0) for s in stamps)
+    assert before <= stamps[0] <= stamps[1] <= datetime.now(timezone.utc)
+
+
 def _children(pid: int) -> set[int]:
     found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():

@@ -7,6 +7,7 @@ import os
 import resource
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -109,8 +110,10 @@ class MetricLogger:
     def log(self, metrics: dict, console: bool = True) -> None:
         if not self.is_main:
             return
+        # the wall-clock time is in the file only, so the order of runs and their duration are in the data
+        row = {**metrics, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         with self.path.open("a") as f:
-            f.write(json.dumps(metrics) + "\n")
+            f.write(json.dumps(row) + "\n")
         if console and "loss" in metrics:
             print(format_line(metrics), flush=True)
         scalars = {k: v for k, v in metrics.items() if k != "step" and v is not None}
