@@ -25,8 +25,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from .config_checks import check_values
 from .errors import ConfigError
-from .model.presets import PRESETS
-from .model.transformer import ModelArgs
+from .model import PRESETS, ModelArgs
 from .paper import PAPER_TASKS
 
 

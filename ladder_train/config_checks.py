@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 from .errors import ConfigError
-from .model.transformer import RESIDUAL_LAYOUTS
+from .model import RESIDUAL_LAYOUTS
 
 # values restricted to a set of choices: dotted key -> choices
 CHOICES = {

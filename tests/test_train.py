@@ -7,6 +7,7 @@ import math
 import os
 import subprocess
 import sys
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -241,13 +242,13 @@ def test_wandb_online_without_credentials_falls_back_to_offline(tmp_path, monkey
 
 
 def test_metrics_rows_carry_their_wall_clock_time_in_utc(tmp_path):
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from ladder_train.train.metrics import MetricLogger
 
     cfg = tiny_config("standard", 8, str(tmp_path / "run"))
     logger = MetricLogger(cfg, tmp_path / "run", is_main=True)
-    before = datetime.now(timezone.utc).replace(microsecond=0)
+    before = datetime.now(UTC).replace(microsecond=0)
     logger.log({"step": 1, "loss": 1.5}, console=False)
     logger.log({"step": 2, "loss": 1.4}, console=False)
     logger.close()
@@ -255,7 +256,7 @@ def test_metrics_rows_carry_their_wall_clock_time_in_utc(tmp_path):
     stamps = [datetime.fromisoformat(row["time"]) for row in rows]
     assert [row["step"] for row in rows] == [1, 2]
     assert all(s.utcoffset() == timedelta(0) for s in stamps)
-    assert before <= stamps[0] <= stamps[1] <= datetime.now(timezone.utc)
+    assert before <= stamps[0] <= stamps[1] <= datetime.now(UTC)
 
 
 def _children(pid: int) -> set[int]:

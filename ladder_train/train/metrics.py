@@ -7,7 +7,7 @@ import os
 import resource
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -111,7 +111,7 @@ class MetricLogger:
         if not self.is_main:
             return
         # the wall-clock time is in the file only, so the order of runs and their duration are in the data
-        row = {**metrics, "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        row = {**metrics, "time": datetime.now(UTC).isoformat(timespec="seconds")}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         if console and "loss" in metrics:
