@@ -4,9 +4,9 @@ naming the key and the value (``ConfigError``)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from .errors import ConfigError
+from .folders import is_token_folder
 from .model import RESIDUAL_LAYOUTS
 
 # values restricted to a set of choices: dotted key -> choices
@@ -203,16 +203,10 @@ def _check_data_sources(cfg) -> None:
             raise ConfigError(f"key 'data.sources[{k}].weight' must be a finite number > 0, got {entry.weight!r}")
     if d.sources and d.format != "text":
         raise ConfigError(f"key 'data.sources' holds token folders of text; data.format={d.format} is read on the fly")
-    if cfg.eval.val_every and not d.validation_source and (d.sources or _token_folder(d.source)):
+    if cfg.eval.val_every and not d.validation_source and (d.sources or is_token_folder(d.source)):
         raise ConfigError(
             f"key 'eval.val_every'={cfg.eval.val_every} needs data.validation_source when training on token folders "
             "(they hold one split): ladder-data prepare SOURCE DIR --split validation, then data.validation_source=DIR"
         )
 
 
-def _token_folder(source: str) -> bool:
-    if not Path(source).expanduser().is_dir():  # the data package is imported only for a local folder
-        return False
-    from .data.token_files import META_NAME
-
-    return (Path(source).expanduser() / META_NAME).is_file()

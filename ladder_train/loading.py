@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .checkpoint.files import COMPLETE_MARKER, first_line, verify_checkpoint
-from .checkpoint.safe_load import load_dcp, read_trainer_state
+from .checkpoint import first_line, load_dcp, read_trainer_state, verify_checkpoint
 from .errors import InputError
+from .folders import COMPLETE_MARKER, folder_kind
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
 from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensors
 from .model.presets import PRESETS
@@ -32,28 +32,6 @@ from .model.transformer import rope_tables
 from .model.validate import check_model_fields, read_json_object
 
 SOURCE_KINDS = ("preset", "export", "checkpoint")
-FOLDER_KINDS = ("export", "checkpoint", "incomplete checkpoint")
-
-
-def folder_kind(path: str | Path) -> str | None:
-    """What a model folder is, by its files alone (nothing is read): ``"export"`` (a Hugging Face Llama folder:
-    config.json + model.safetensors or its shard index, what ladder-export writes or a pretrained Llama),
-    ``"checkpoint"`` (a complete training checkpoint: the COMPLETE marker), ``"incomplete checkpoint"`` (DCP files
-    without the marker), or None. The one place that decides it."""
-    path = Path(path)
-    if (path / "config.json").is_file() and ((path / WEIGHTS_FILE).is_file() or (path / INDEX_FILE).is_file()):
-        return "export"
-    if (path / COMPLETE_MARKER).is_file():
-        return "checkpoint"
-    if (path / ".metadata").is_file():
-        return "incomplete checkpoint"
-    return None
-
-
-def run_config_path(checkpoint: str | Path) -> Path:
-    """The config of the run a training checkpoint belongs to: ``RUN_DIR/config.yaml`` for
-    ``RUN_DIR/checkpoints/step-N`` (it may not exist, e.g. for a copied checkpoint)."""
-    return Path(checkpoint).resolve().parent.parent / "config.yaml"
 
 
 @dataclass(frozen=True)

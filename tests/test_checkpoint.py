@@ -22,9 +22,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from dist_utils import run_ranks
 
-from ladder_train.checkpoint import COMPLETE_MARKER, MANIFEST, Checkpointer, CheckpointError, read_trainer_state
+from ladder_train.checkpoint import MANIFEST, Checkpointer, CheckpointError, read_trainer_state
 from ladder_train.config import ConfigError, load_config
 from ladder_train.errors import EXIT_REQUEUE
+from ladder_train.folders import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable

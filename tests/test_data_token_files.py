@@ -21,7 +21,7 @@ from ladder_train.config import DataConfig, load_config
 from ladder_train.data import DataError, build_dataloader, byte_tokenizer
 from ladder_train.data.global_order import GlobalOrder, permute
 from ladder_train.data.mixture import Mixture
-from ladder_train.data.token_files import META_NAME, OFFSETS_NAME, TOKENS_NAME, open_token_folder, token_dtype
+from ladder_train.data.token_files import OFFSETS_NAME, TOKEN_FOLDER_META, TOKENS_NAME, open_token_folder, token_dtype
 from ladder_train.data.token_loader import TokenFileLoader, TokenWindows, refuse_stream_resume
 from ladder_train.data.tokenize_files import prepare
 from ladder_train.errors import ConfigError
@@ -115,7 +115,7 @@ def test_prepare_writes_the_packing_stream_with_its_metadata(corpus):
     assert folder.tokens.tolist() == expected
     lengths = [len(tok.encode(t).ids) + 1 for t in texts]
     assert folder.offsets().tolist() == np.concatenate([[0], np.cumsum(lengths)]).tolist()
-    meta = json.loads((corpus["a"] / META_NAME).read_text())
+    meta = json.loads((corpus["a"] / TOKEN_FOLDER_META).read_text())
     assert meta["tokens"] == len(expected) and meta["documents"] == 1200 and meta["dtype"] == "uint16"
     assert meta["separator_id"] == 0 and meta["source"]["shards"] == 3
     assert meta["tokenizer"]["name"] == "byte" and meta["tokenizer"]["vocab_size"] == 257
@@ -126,9 +126,9 @@ def test_prepare_writes_the_packing_stream_with_its_metadata(corpus):
 def test_prepare_gives_the_same_files_for_any_worker_count(corpus, tmp_path):
     source = corpus["root"] / "src_a"
     prepare(str(source), tmp_path / "three", "byte", workers=3)  # three processes, one file each
-    for name in (TOKENS_NAME, OFFSETS_NAME, META_NAME):
+    for name in (TOKENS_NAME, OFFSETS_NAME, TOKEN_FOLDER_META):
         assert (tmp_path / "three" / name).read_bytes() == (corpus["a"] / name).read_bytes(), name
-    assert sorted(p.name for p in (tmp_path / "three").iterdir()) == sorted([TOKENS_NAME, OFFSETS_NAME, META_NAME])
+    assert sorted(p.name for p in (tmp_path / "three").iterdir()) == sorted([TOKENS_NAME, OFFSETS_NAME, TOKEN_FOLDER_META])
 
 
 def test_uint32_when_the_vocabulary_does_not_fit_uint16(tmp_path):
@@ -283,13 +283,13 @@ def test_a_folder_made_with_another_tokenizer_is_refused(corpus, shared_dir):
     with pytest.raises(DataError) as caught:
         build_dataloader(cfg, load_tokenizer(starcoder), 2, global_batch_size=2)
     message = str(caught.value)
-    assert message.startswith(f"{corpus['a'] / META_NAME}: tokenized with 'byte' (257 tokens, sha256 ")
+    assert message.startswith(f"{corpus['a'] / TOKEN_FOLDER_META}: tokenized with 'byte' (257 tokens, sha256 ")
     assert f"but data.tokenizer is '{starcoder}' (49152 tokens" in message and "\n" not in message
 
 
 def copy_folder(src: Path, dst: Path) -> Path:
     dst.mkdir()
-    for name in (TOKENS_NAME, OFFSETS_NAME, META_NAME):
+    for name in (TOKENS_NAME, OFFSETS_NAME, TOKEN_FOLDER_META):
         (dst / name).write_bytes((src / name).read_bytes())
     return dst
 
@@ -299,13 +299,13 @@ def test_truncated_or_inconsistent_folders_are_refused_naming_the_file(corpus, t
     size = (cut / TOKENS_NAME).stat().st_size
     os.truncate(cut / TOKENS_NAME, size - 10)
     with pytest.raises(
-        DataError, match=rf"^{cut / TOKENS_NAME}: {size - 10:,} bytes, but {META_NAME} says .* \(truncated\)$"
+        DataError, match=rf"^{cut / TOKENS_NAME}: {size - 10:,} bytes, but {TOKEN_FOLDER_META} says .* \(truncated\)$"
     ):
         open_token_folder(cut)
 
     counted = copy_folder(corpus["b"], tmp_path / "counted")
-    meta = json.loads((counted / META_NAME).read_text())
-    (counted / META_NAME).write_text(json.dumps({**meta, "tokens": meta["tokens"] + 5}))
+    meta = json.loads((counted / TOKEN_FOLDER_META).read_text())
+    (counted / TOKEN_FOLDER_META).write_text(json.dumps({**meta, "tokens": meta["tokens"] + 5}))
     with pytest.raises(DataError, match=rf"^{counted / TOKENS_NAME}: .* \(truncated\)$"):
         open_token_folder(counted)
 
@@ -326,12 +326,12 @@ def test_truncated_or_inconsistent_folders_are_refused_naming_the_file(corpus, t
 
     short = copy_folder(corpus["b"], tmp_path / "short")
     os.truncate(short / OFFSETS_NAME, 8 * 10)
-    with pytest.raises(DataError, match=rf"^{short / OFFSETS_NAME}: 80 bytes, but {META_NAME} says 401 offsets"):
+    with pytest.raises(DataError, match=rf"^{short / OFFSETS_NAME}: 80 bytes, but {TOKEN_FOLDER_META} says 401 offsets"):
         open_token_folder(short)
 
     unfinished = copy_folder(corpus["b"], tmp_path / "unfinished")
-    (unfinished / META_NAME).unlink()
-    with pytest.raises(DataError, match=rf"^{unfinished}: no {META_NAME}: not a token folder"):
+    (unfinished / TOKEN_FOLDER_META).unlink()
+    with pytest.raises(DataError, match=rf"^{unfinished}: no {TOKEN_FOLDER_META}: not a token folder"):
         open_token_folder(unfinished)
 
 
@@ -407,7 +407,7 @@ def test_the_cli_refuses_a_mismatched_folder_before_training(corpus, tmp_path):
     done = subprocess.run(cmd, cwd=REPO, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
-    expected = f"ladder-train: error: {corpus['a'] / META_NAME}: tokenized with 'byte'"
+    expected = f"ladder-train: error: {corpus['a'] / TOKEN_FOLDER_META}: tokenized with 'byte'"
     assert last.startswith(expected), done.stderr[-3000:]
     assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
 

@@ -337,8 +337,8 @@ def test_held_out_batches_pack_documents_like_training(tokenizer, tmp_path):
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_cli_reads_a_training_checkpoint_directly_with_the_numbers_of_its_export(tokenizer, shared_dir, tmp_path):
     from ladder_train.checkpoint import Checkpointer
-    from ladder_train.checkpoint.export import export_checkpoint
     from ladder_train.config import load_config
+    from ladder_train.export import export_checkpoint
 
     model = tiny_model()
     optimizer = torch.optim.AdamW(model.parameters())

@@ -17,10 +17,10 @@ import transformers
 import yaml
 from dist_utils import run_ranks
 
-from ladder_train.checkpoint.export import export_checkpoint
 from ladder_train.cli import ladder_export
 from ladder_train.config import load_config, save_config
 from ladder_train.data import byte_tokenizer
+from ladder_train.export import export_checkpoint
 from ladder_train.hf import AUTO_MAP, MODEL_FILES
 from ladder_train.inference.generate import Generator
 from ladder_train.loading import load_model, model_from_checkpoint

@@ -34,10 +34,10 @@ from dist_utils import run_ranks, save_training_checkpoint
 from ladder_train.checkpoint import Checkpointer
 from ladder_train.cli import ladder_generate as generate_main
 from ladder_train.config import load_config, save_config
+from ladder_train.data import stop_tokens
 from ladder_train.data.tokenizer import byte_tokenizer, model_tokenizer
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
 from ladder_train.inference import generate as generate_module
-from ladder_train.inference.generate import stop_tokens
 from ladder_train.inference.tp import EmulatedLinkCommunicator
 from ladder_train.loading import load_model
 from ladder_train.model import ModelArgs, Transformer
@@ -596,7 +596,7 @@ def test_an_export_and_a_checkpoint_of_one_model_complete_alike(tmp_path, capsys
 def test_a_checkpoint_of_an_adapted_model_keeps_its_chat_template(tmp_path, capsys):
     """A run that took its tokenizer from a model folder (checkpoint.init_from's): --chat on its checkpoint uses
     that folder's template and eos, and ladder-export carries the template into the export."""
-    from ladder_train.checkpoint.export import export_checkpoint
+    from ladder_train.export import export_checkpoint
 
     model = tiny_model()
     prompt = byte_tokenizer().encode("<user>hi<a>").ids
@@ -643,7 +643,7 @@ def test_sampling_is_seeded(tmp_path, capsys):
         (["{folder}", "--prompt", "x", "--top-k", "5"], "--top-k 5: needs --temperature > 0"),
         (["{folder}", "--prompt", ""], "--prompt is empty"),
         (["{folder}", "--prompt", "x" * 48], "the prompt is 48 tokens, the model's max_seq_len is 48: no room"),
-        (["{folder}", "--prompt", "x" * 40], "the prompt (40 tokens) + --max-new-tokens 64 exceed the model's"),
+        (["{folder}", "--prompt", "x" * 40], "the prompt (40 tokens) + max_new_tokens=64 exceed the model's"),
         (["{folder}", "--prompt", "x", "--tokenizer", "{tmp}/nope.json"], "--tokenizer: no such file"),
     ],
 )

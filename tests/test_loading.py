@@ -21,8 +21,9 @@ from dist_utils import run_ranks
 from ladder_train import load_model
 from ladder_train.config import load_config
 from ladder_train.errors import InputError
+from ladder_train.folders import folder_kind, run_config_path
 from ladder_train.inference import Generator
-from ladder_train.loading import folder_kind, load_tp_model, run_config_path
+from ladder_train.loading import load_tp_model
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import INDEX_FILE, LADDER_MODEL_TYPE, save_export
 from ladder_train.parallel import free_port
@@ -561,8 +562,9 @@ def crafted_checkpoint(tmp_path, trainer: dict) -> Path:
     from dist_utils import save_training_checkpoint
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    from ladder_train.checkpoint.files import COMPLETE_MARKER, write_manifest
+    from ladder_train.checkpoint.files import write_manifest
     from ladder_train.checkpoint.safe_load import pack_json
+    from ladder_train.folders import COMPLETE_MARKER
 
     torch.manual_seed(0)
     good = save_training_checkpoint(Transformer(ModelArgs(**SMALL)), tmp_path / "good")

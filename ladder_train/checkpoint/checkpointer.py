@@ -30,8 +30,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import CheckpointConfig
+from ..folders import COMPLETE_MARKER, folder_kind
 from .files import (
-    COMPLETE_MARKER,
     CheckpointError,
     checkpoint_failure,
     complete_checkpoints,
@@ -65,8 +65,6 @@ class Checkpointer:
     def resume_path(self) -> Path | None:
         """``checkpoint.load`` if set, else the newest complete checkpoint of this run (or None)."""
         if self.cfg.load:
-            from ..loading import folder_kind  # loading reads checkpoints through this package: imported late
-
             path = Path(self.cfg.load)
             if not path.is_dir():
                 raise CheckpointError(f"checkpoint.load={path}: no such folder")

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..errors import RunFailed
+from ..folders import COMPLETE_MARKER
 
-COMPLETE_MARKER = "COMPLETE"
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

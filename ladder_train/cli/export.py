@@ -1,7 +1,7 @@
 """``ladder-export SOURCE OUT_DIR [--dtype bf16] [--license apache-2.0]``: a Hub-ready model folder from a
 training checkpoint (RUN_DIR/checkpoints/step-N) or a Hugging Face format folder: ``model.safetensors`` +
 ``config.json`` (Hugging Face Llama names), tokenizer, ``generation_config.json``, a model card (``README.md``)
-and, for a parallel or ladder model, the transformers classes it loads with (see checkpoint/export.py)."""
+and, for a parallel or ladder model, the transformers classes it loads with (see ladder_train/export/)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import argparse
 import re
 from pathlib import Path
 
-from ..checkpoint.export import export_checkpoint, export_folder
 from ..dtypes import DTYPES
 from ..errors import InputError
-from ..loading import folder_kind
+from ..export import export_checkpoint, export_folder
+from ..folders import folder_kind
 from .args import Parser, new_output_folder
 
 

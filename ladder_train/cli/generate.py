@@ -1,8 +1,13 @@
-"""``ladder-generate``: complete one prompt with a saved model (``inference/generate.py``'s ``complete``)."""
+"""``ladder-generate``: complete one prompt with a saved model (``ladder_train/completion.py``)."""
 
 from __future__ import annotations
 
+import math
+import os
+import sys
+
 from ..dtypes import DTYPES
+from ..errors import InputError
 from .args import Parser, positive_int, utf8_text
 
 DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama
@@ -28,8 +33,32 @@ def parser() -> Parser:
     return p
 
 
-def run(argv: list[str]) -> int:
-    """``ladder-generate``; one rank of it under torchrun."""
-    from ..inference.generate import complete
+def check_flags(args) -> None:
+    """The flags' own ranges, before the model's folder is opened."""
+    if args.max_new_tokens < 1:
+        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise InputError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
+    if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
+        raise InputError(f"--top-k {args.top_k}: needs --temperature > 0 and K >= 1 (it samples among K tokens)")
+    if not args.prompt and not args.chat:
+        raise InputError("--prompt is empty: there is nothing to complete")
 
-    return complete(parser().parse_args(argv))
+
+def run(argv: list[str]) -> int:
+    """``ladder-generate``; one rank of it under torchrun (rank 0 prints)."""
+    from ..completion import CompletionRequest, complete
+
+    args = parser().parse_args(argv)
+    try:
+        check_flags(args)
+    except InputError as err:
+        err.quiet = os.environ.get("RANK", "0") != "0"  # every rank found the same bad flag: one line, from rank 0
+        raise
+    fields = ("model", "prompt", "max_new_tokens", "temperature", "top_k", "seed", "chat", "tokenizer", "dtype")
+    done = complete(CompletionRequest(**{name: getattr(args, name) for name in fields}))
+    if done.rank == 0:
+        print(done.text, flush=True)
+        ended = f"stopped at {done.stop_name}" if done.stop_name else f"--max-new-tokens {args.max_new_tokens} reached"
+        print(f"ladder-generate: {done.new_tokens} new tokens in {done.seconds:.1f} s at TP {done.tp}; {ended}", file=sys.stderr)
+    return 0

@@ -15,15 +15,18 @@ mixture (mixture.py, ``data.sources``) that do not depend on the world size; the
 ``loader.global_state()``, kept in the trainer's checkpoint entry.
 """
 
+from .chat import ChatTemplate, load_chat_template
 from .errors import DataError
 from .loader import PackedDataLoader, build_dataloader
+from .model_files import run_tokenizer_config_folder, stop_tokens, tokenizer_config_folder
 from .packing import PackedWindows, collate_windows
 from .sources import STDLIB_SOURCE, open_source
-from .tokenizer import BYTE_TOKENIZER, byte_tokenizer, check_vocab, eos_id, load_tokenizer
+from .tokenizer import BYTE_TOKENIZER, byte_tokenizer, check_vocab, eos_id, load_tokenizer, model_tokenizer
 
 __all__ = [
     "BYTE_TOKENIZER",
     "STDLIB_SOURCE",
+    "ChatTemplate",
     "DataError",
     "PackedDataLoader",
     "PackedWindows",
@@ -32,6 +35,11 @@ __all__ = [
     "check_vocab",
     "collate_windows",
     "eos_id",
+    "load_chat_template",
     "load_tokenizer",
+    "model_tokenizer",
     "open_source",
+    "run_tokenizer_config_folder",
+    "stop_tokens",
+    "tokenizer_config_folder",
 ]

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-
-TOKENIZER_CONFIG = "tokenizer_config.json"
+from ..folders import TOKENIZER_CONFIG, token_text
 
 
 @dataclass(frozen=True)
@@ -112,13 +111,6 @@ def _compiled(template: str):
     return env.from_string(template)
 
 
-def _token_text(token) -> str:
-    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
-    if isinstance(token, dict):
-        return token.get("content", "")
-    return token or ""
-
-
 def load_chat_template(folder: str | Path) -> ChatTemplate:
     """The chat template of a Hugging Face model folder (``chat_template`` of its tokenizer_config.json).
     Raises InputError, one line, when the folder has none."""
@@ -134,27 +126,4 @@ def load_chat_template(folder: str | Path) -> ChatTemplate:
         template = next((t.get("template") for t in template if t.get("name") == "default"), None)
     if not isinstance(template, str) or not template:
         raise InputError(f"{path}: no 'chat_template' (the model has no chat format)")
-    return ChatTemplate(str(path), template, _token_text(config.get("bos_token")), _token_text(config.get("eos_token")))
-
-
-def run_tokenizer_config_folder(data_cfg) -> Path | None:
-    """The folder a training run took its tokenizer_config.json from (chat template, eos token): data.chat_template,
-    else the folder of a local data.tokenizer file (a model adapted with checkpoint.init_from); None if neither."""
-    folders = [Path(data_cfg.chat_template)] if data_cfg.chat_template else []
-    folders.append(Path(data_cfg.tokenizer).parent)
-    return next((folder for folder in folders if (folder / TOKENIZER_CONFIG).is_file()), None)
-
-
-def tokenizer_config_folder(model: str | Path) -> Path:
-    """Where a saved model's tokenizer_config.json is: in its folder, or for a training checkpoint
-    (RUN_DIR/checkpoints/step-N) where its run took it from. The model's own folder when there is none."""
-    from ..loading import folder_kind, run_config_path
-
-    model = Path(model)
-    run_config = run_config_path(model)
-    checkpoint = folder_kind(model) in ("checkpoint", "incomplete checkpoint")
-    if not (model / TOKENIZER_CONFIG).is_file() and checkpoint and run_config.is_file():
-        from ..config import load_config
-
-        return run_tokenizer_config_folder(load_config(run_config).data) or model
-    return model
+    return ChatTemplate(str(path), template, token_text(config.get("bos_token")), token_text(config.get("eos_token")))

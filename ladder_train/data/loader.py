@@ -24,11 +24,12 @@ from datasets.distributed import split_dataset_by_node
 from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ..folders import is_token_folder
 from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
 from .errors import DataError
 from .packing import PackedWindows, collate_windows
-from .sources import bad_row_message, is_token_folder, open_source, read_error_message
+from .sources import bad_row_message, open_source, read_error_message
 from .tokenizer import eos_id
 
 log = logging.getLogger(__name__)

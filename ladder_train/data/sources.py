@@ -6,7 +6,7 @@
 - ``python-stdlib``: the running Python's standard library ``.py`` files, one document per file, a corpus
   every machine has (offline smoke runs; every 20th file is held out as the validation split).
 
-A token folder (``is_token_folder``: ladder-data prepare's output) is not streamed: loader.py hands it to
+A token folder (``folders.is_token_folder``: ladder-data prepare's output) is not streamed: loader.py hands it to
 token_loader.py.
 
 Local files are checked before any worker starts (exists, not empty, UTF-8, has the text column) so a bad
@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 
 from .conversations import CHAT_COLUMN, conversation_problem
 from .errors import DataError, note
-from .token_files import META_NAME
 
 log = logging.getLogger(__name__)
 
@@ -240,12 +239,6 @@ def stdlib_files(split: str) -> list[Path]:
     if split == "validation":
         return [p for i, p in enumerate(files) if i % 20 == 19]
     raise DataError(f"data.source: {STDLIB_SOURCE} has splits train and validation, not '{split}'")
-
-
-def is_token_folder(source) -> bool:
-    """Whether ``source`` is a token folder (``ladder-data prepare``'s output, read by memory map): it holds the
-    metadata file."""
-    return source is not None and Path(str(source)).expanduser().joinpath(META_NAME).is_file()
 
 
 def is_local(source: str) -> bool:

@@ -7,7 +7,7 @@ A token folder holds three files:
   ``uint32``;
 - ``offsets.bin``: little-endian ``int64``, where each document starts in ``tokens.bin``, then the total (documents
   + 1 values: document d is ``tokens[offsets[d]:offsets[d + 1]]``, its separator included);
-- ``ladder_tokens.json`` (:data:`META_NAME`), written last, so a folder without it is incomplete: the format and
+- ``ladder_tokens.json`` (:data:`TOKEN_FOLDER_META`), written last, so a folder without it is incomplete: the format and
   version, the tokenizer (name, sha256 of its JSON, vocabulary size), the separator id, the dtype, the token and
   document counts, and what was tokenized (source, split, hub config, column).
 
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..folders import TOKEN_FOLDER_META
 from .errors import DataError
 
-META_NAME = "ladder_tokens.json"
 TOKENS_NAME = "tokens.bin"
 OFFSETS_NAME = "offsets.bin"
 FORMAT, VERSION = "ladder-token-files", 1
@@ -84,9 +84,9 @@ class TokenFolder:
 
 
 def _read_meta(folder: Path) -> tuple[dict, str]:
-    path = folder / META_NAME
+    path = folder / TOKEN_FOLDER_META
     if not path.is_file():
-        raise DataError(f"{folder}: no {META_NAME}: not a token folder, or its ladder-data prepare did not finish")
+        raise DataError(f"{folder}: no {TOKEN_FOLDER_META}: not a token folder, or its ladder-data prepare did not finish")
     raw = path.read_bytes()
     try:
         meta = json.loads(raw)
@@ -108,12 +108,12 @@ def _read_meta(folder: Path) -> tuple[dict, str]:
 
 def _check_size(path: Path, count: int, dtype: np.dtype, what: str) -> None:
     if not path.is_file():
-        raise DataError(f"{path}: missing ({what} of {path.parent / META_NAME})")
+        raise DataError(f"{path}: missing ({what} of {path.parent / TOKEN_FOLDER_META})")
     expected, actual = count * dtype.itemsize, path.stat().st_size
     if actual != expected:
         state = "truncated" if actual < expected else "longer than its metadata says"
         raise DataError(
-            f"{path}: {actual:,} bytes, but {META_NAME} says {count:,} {what} of {dtype.itemsize} bytes = "
+            f"{path}: {actual:,} bytes, but {TOKEN_FOLDER_META} says {count:,} {what} of {dtype.itemsize} bytes = "
             f"{expected:,} ({state})"
         )
 
@@ -125,7 +125,7 @@ def _check_offsets(folder: Path, meta: dict, every: bool) -> None:
     offsets = np.memmap(path, dtype=OFFSET_DTYPE, mode="r")
     if offsets[0] != 0 or offsets[-1] != meta["tokens"]:
         raise DataError(
-            f"{path}: the offsets run from {int(offsets[0])} to {int(offsets[-1]):,}, but {META_NAME} says 0 to "
+            f"{path}: the offsets run from {int(offsets[0])} to {int(offsets[-1]):,}, but {TOKEN_FOLDER_META} says 0 to "
             f"{meta['tokens']:,} tokens"
         )
     for start in range(0, len(offsets) - 1 if every else 0, _OFFSET_CHUNK):
@@ -164,7 +164,7 @@ def check_tokenizer(folder: TokenFolder, tokenizer: Tokenizer, name: str, where:
     made, now = folder.meta["tokenizer"], tokenizer_identity(tokenizer, name)
     if made.get("sha256") != now["sha256"] or made.get("vocab_size") != now["vocab_size"]:
         raise DataError(
-            f"{folder.path / META_NAME}: tokenized with '{made.get('name')}' ({made.get('vocab_size')} tokens, sha256 "
+            f"{folder.path / TOKEN_FOLDER_META}: tokenized with '{made.get('name')}' ({made.get('vocab_size')} tokens, sha256 "
             f"{str(made.get('sha256'))[:12]}), but {where} is '{name}' ({now['vocab_size']} tokens, sha256 "
             f"{now['sha256'][:12]}); use the tokenizer the folder was made with, or prepare it again"
         )
@@ -172,7 +172,7 @@ def check_tokenizer(folder: TokenFolder, tokenizer: Tokenizer, name: str, where:
 
 def write_meta(folder: Path, meta: dict) -> Path:
     """The metadata file, written last and atomically: its presence marks the folder complete."""
-    path = folder / META_NAME
+    path = folder / TOKEN_FOLDER_META
     partial = path.with_suffix(".json.partial")
     partial.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
     partial.replace(path)

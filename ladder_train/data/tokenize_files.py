@@ -28,9 +28,9 @@ from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message
 from .token_files import (
     DTYPES,
     FORMAT,
-    META_NAME,
     OFFSET_DTYPE,
     OFFSETS_NAME,
+    TOKEN_FOLDER_META,
     TOKENS_NAME,
     VERSION,
     token_dtype,
@@ -183,8 +183,8 @@ def _run_tasks(tasks: list[tuple], workers: int, assembler: _Assembler, desc: st
 def _check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"OUT_DIR: {out} exists and is not a folder")
-    if (out / META_NAME).exists():
-        raise DataError(f"OUT_DIR: {out} already holds token files ({META_NAME}); remove it or choose another folder")
+    if (out / TOKEN_FOLDER_META).exists():
+        raise DataError(f"OUT_DIR: {out} already holds token files ({TOKEN_FOLDER_META}); remove it or choose another folder")
 
 
 def prepare(

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from ..folders import TOKENIZER_FILE
 from .errors import DataError, note
+from .model_files import checkpoint_run_config
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +123,10 @@ def model_tokenizer(model: str | Path, override: str | None = None) -> tuple[Tok
     if override is not None:
         return load_tokenizer(override, where="--tokenizer"), str(override)
     folder = Path(model)
-    if (folder / "tokenizer.json").is_file():
-        return load_tokenizer(folder / "tokenizer.json", where=str(folder)), str(folder / "tokenizer.json")
-    from ..loading import folder_kind, run_config_path
-
-    run_config = run_config_path(folder)
-    if folder_kind(folder) in ("checkpoint", "incomplete checkpoint") and run_config.is_file():
-        from ..config import load_config
-
-        name = load_config(run_config).data.tokenizer
-        return load_tokenizer(name, where=f"{run_config} data.tokenizer"), str(name)
-    raise DataError(f"{folder}: no tokenizer.json inside; pass --tokenizer PATH_OR_NAME (e.g. bigcode/starcoder)")
+    if (folder / TOKENIZER_FILE).is_file():
+        return load_tokenizer(folder / TOKENIZER_FILE, where=str(folder)), str(folder / TOKENIZER_FILE)
+    found = checkpoint_run_config(folder)
+    if found is not None:
+        run_config, cfg = found
+        return load_tokenizer(cfg.data.tokenizer, where=f"{run_config} data.tokenizer"), str(cfg.data.tokenizer)
+    raise DataError(f"{folder}: no {TOKENIZER_FILE} inside; pass --tokenizer PATH_OR_NAME (e.g. bigcode/starcoder)")

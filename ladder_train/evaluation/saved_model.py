@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..checkpoint.files import verify_checkpoint
 from ..data.tokenizer import eos_id, model_tokenizer
-from ..loading import folder_kind, load_model, model_from_checkpoint, resolve_source, run_config_path
+from ..folders import folder_kind, run_config_path
+from ..loading import load_model, model_from_checkpoint, resolve_source
 from ..model import Transformer
 from ..model.hf_format import INDEX_FILE, WEIGHTS_FILE, hf_config
 from .adapter import EvalError

@@ -15,23 +15,16 @@ generator writes into a fixed buffer before the step, so eager and compiled samp
 (a CUDA graph keeps its inputs' addresses: a new cache would be recorded again). Each Generator's graphs are specialised to its model and
 communicator (dynamo guards on them): the benchmark raises dynamo's recompile limit to its number of
 (model, communicator, batch size) cases and counts the compilations.
-
-The end of this file completes one prompt with a saved model: what ``ladder-generate`` runs (its flags:
-``cli/generate.py``; ``python -m ladder_train.inference`` is the command, what torchrun launches with ``-m``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..dtypes import resolve_dtype
-from ..errors import InputError
 from ..model import Transformer
-from ..model.tp_sharding import check_tp_degree
 
 
 def choose(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, noise=None) -> torch.Tensor:
@@ -210,145 +203,3 @@ class Generator:
             tokens = new
             out.append(tokens)
         return torch.stack(out, dim=1)
-
-
-# ``ladder-generate``: one prompt, one completion ------------------------------------------------------------
-
-
-def read_optional_json(path):
-    """A folder's optional JSON file: {} when absent."""
-    import json
-
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: unreadable ({err})") from None
-
-
-def stop_tokens(folder, tokenizer, vocab_size: int) -> tuple[list[int], str]:
-    """The end-of-sequence ids generation stops at and where they were found: the eos_token of
-    tokenizer_config.json, else eos_token_id of generation_config.json, else of config.json, else <|endoftext|>.
-    An id list (Llama 3's generation_config.json has several) stops at any of them."""
-    from ..data.chat import TOKENIZER_CONFIG, _token_text, tokenizer_config_folder
-
-    eos_text = _token_text(read_optional_json(tokenizer_config_folder(folder) / TOKENIZER_CONFIG).get("eos_token"))
-    if eos_text:
-        token_id = tokenizer.token_to_id(eos_text)
-        if token_id is None:
-            where = tokenizer_config_folder(folder) / TOKENIZER_CONFIG
-            raise InputError(f"{where}: eos_token {eos_text!r} is not in the tokenizer")
-        return [token_id], f"{eos_text} (eos_token of {TOKENIZER_CONFIG})"
-    for name in ("generation_config.json", "config.json"):
-        ids = read_optional_json(folder / name).get("eos_token_id")
-        if ids is not None:
-            ids = [ids] if isinstance(ids, int) else list(ids)
-            if not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
-                raise InputError(f"{folder / name}: eos_token_id {ids} is not a token id below {vocab_size}")
-            return ids, f"{' or '.join(str(tokenizer.id_to_token(i)) for i in ids)} (eos_token_id of {name})"
-    token_id = tokenizer.token_to_id("<|endoftext|>")
-    return ([], "none") if token_id is None else ([token_id], "<|endoftext|> (in the vocabulary)")
-
-
-def encode_prompt(args, source, tokenizer) -> list[int]:
-    """The prompt's token ids, checked against the model's context before anything is loaded."""
-    text = args.prompt
-    if args.chat:
-        from ..data.chat import load_chat_template, tokenizer_config_folder
-
-        template = load_chat_template(tokenizer_config_folder(source.path))
-        text = template.render([{"role": "user", "content": text}], add_generation_prompt=True)
-    # a template writes its own special tokens (bos included) as text; a plain prompt gets the tokenizer's own
-    # (e.g. a Llama's leading bos), as transformers does
-    ids = tokenizer.encode(text, add_special_tokens=not args.chat).ids
-    max_len = source.args.max_seq_len
-    if not ids:
-        raise InputError("--prompt is empty: there is nothing to complete")
-    if len(ids) >= max_len:
-        raise InputError(
-            f"the prompt is {len(ids)} tokens, the model's max_seq_len is {max_len}: no room for a new token"
-        )
-    if len(ids) + args.max_new_tokens > max_len:
-        raise InputError(
-            f"the prompt ({len(ids)} tokens) + --max-new-tokens {args.max_new_tokens} exceed the model's "
-            f"max_seq_len={max_len}: at most {max_len - len(ids)} new tokens fit"
-        )
-    return ids
-
-
-def prepare(args, world: int):
-    """Every check of the input, before any weights are read: the source, its tokenizer and stop tokens, the
-    chat template, the prompt's length and the TP degree. Raises InputError (one line)."""
-    from ..data.tokenizer import model_tokenizer
-    from ..loading import resolve_source
-
-    if args.max_new_tokens < 1:
-        raise InputError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise InputError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}")
-    if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
-        raise InputError(f"--top-k {args.top_k}: needs --temperature > 0 and K >= 1 (it samples among K tokens)")
-    source = resolve_source(args.model)
-    if source.kind == "preset":
-        raise InputError(
-            f"{args.model!r} is a preset (random weights, no tokenizer): give a model folder or checkpoint"
-        )
-    check_tp_degree(source.args, world, args.model)
-    tokenizer, _ = model_tokenizer(source.path, args.tokenizer)
-    if tokenizer.get_vocab_size() > source.args.vocab_size:
-        raise InputError(
-            f"the tokenizer has {tokenizer.get_vocab_size()} tokens but {args.model} only "
-            f"vocab_size={source.args.vocab_size}: not the tokenizer it was trained with"
-        )
-    stop, stop_name = stop_tokens(source.path, tokenizer, source.args.vocab_size)
-    return source, tokenizer, encode_prompt(args, source, tokenizer), stop, stop_name
-
-
-def completion_text(tokenizer, prompt: list[int], new: list[int], stop: list[int]) -> str:
-    """The new tokens as text, up to (not including) the first stop token. Decoded together with the prompt and
-    cut after it, because some decoders render a token differently at the start of a text (a leading space)."""
-    cut = next((i for i, token in enumerate(new) if token in stop), len(new))
-    head = tokenizer.decode(prompt, skip_special_tokens=False)
-    full = tokenizer.decode(prompt + new[:cut], skip_special_tokens=False)
-    return full[len(head) :] if full.startswith(head) else tokenizer.decode(new[:cut], skip_special_tokens=False)
-
-
-def complete(args) -> int:
-    """One completion of ``args.prompt`` (``cli/generate.py``'s flags), printed by rank 0; one rank of it under
-    torchrun, each loading only its shard."""
-    import os
-    import sys
-    import time
-
-    from ..loading import load_tp_model
-    from ..parallel import init_distributed
-    from .tp import TPCommunicator, comm_mode_for
-
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        source, tokenizer, prompt, stop, stop_name = prepare(args, world)
-    except InputError as err:
-        err.quiet = rank != 0  # every rank found the same bad input: one line, from rank 0
-        raise
-    env = init_distributed(group_of_one=False)
-    dtype = resolve_dtype(args.dtype or "auto", env.device)
-    group = dist.group.WORLD if world > 1 else None
-    try:
-        model = load_tp_model(source.path, rank, world, env.device, dtype, group=group)
-        if group is not None:  # the ladder's all-reduces overlap the next module, as in the benchmark
-            model.set_communicator(TPCommunicator(comm_mode_for(model.args.residual), group))
-        start = time.perf_counter()
-        new = Generator(model, group).generate(
-            torch.tensor([prompt], device=env.device), args.max_new_tokens, args.temperature, args.top_k, args.seed,
-            stop_tokens=stop,
-        )[0].tolist()  # fmt: skip
-        seconds = time.perf_counter() - start
-    finally:
-        if group is not None:
-            dist.destroy_process_group()
-    if rank == 0:
-        print(completion_text(tokenizer, prompt, new, stop), flush=True)
-        ended = f"stopped at {stop_name}" if new[-1] in stop else f"--max-new-tokens {args.max_new_tokens} reached"
-        print(f"ladder-generate: {len(new)} new tokens in {seconds:.1f} s at TP {world}; {ended}", file=sys.stderr)
-    return 0

@@ -155,7 +155,7 @@ class Evaluator:
         return self._wait_group
 
     def _submit_eval_job(self, checkpoint_dir: Path, step: int, out_path: Path) -> None:
-        from ..checkpoint.export import export_checkpoint
+        from ..export import export_checkpoint
 
         export_dir = self.run_dir / "export" / f"step-{step}"
         export_checkpoint(checkpoint_dir, export_dir)

@@ -13,17 +13,21 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import read_trainer_state
 from ..config import load_config
-from ..data.chat import TOKENIZER_CONFIG, _token_text
+from ..data import DataError, load_tokenizer, run_tokenizer_config_folder, stop_tokens
 from ..dtypes import DTYPES
-from ..inference.generate import read_optional_json, stop_tokens
-from ..loading import load_model, model_from_checkpoint, run_config_path
+from ..folders import (
+    GENERATION_CONFIG,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILE,
+    read_optional_json,
+    run_config_path,
+    token_text,
+)
+from ..loading import load_model, model_from_checkpoint
 from ..model.hf_format import DEFAULT_TOKEN_IDS, save_export
 from .model_card import DEFAULT_LICENSE, CardFacts, source_license, write_model_card
-from .safe_load import read_trainer_state
-
-TOKENIZER_FILE = "tokenizer.json"
-GENERATION_CONFIG = "generation_config.json"
 
 
 def export_checkpoint(
@@ -87,7 +91,7 @@ def _token_ids(out_dir: Path, tokenizer, vocab_size: int) -> dict:
     if not eos:
         return dict(DEFAULT_TOKEN_IDS)
     tokenizer_config = read_optional_json(out_dir / TOKENIZER_CONFIG)
-    bos_text = _token_text(tokenizer_config.get("bos_token"))
+    bos_text = token_text(tokenizer_config.get("bos_token"))
     bos = (
         tokenizer.token_to_id(bos_text)
         if bos_text
@@ -107,9 +111,6 @@ def _write_run_tokenizer(cfg, out_dir: Path):
     """The run's tokenizer.json and the tokenizer_config.json it took its chat format from; None (with a
     warning) when the tokenizer cannot be had, e.g. a hub tokenizer on an offline machine: the weights still
     export."""
-    from ..data import DataError, load_tokenizer
-    from ..data.chat import run_tokenizer_config_folder
-
     try:
         tokenizer = load_tokenizer(cfg.data.tokenizer)
     except DataError as err:
@@ -126,8 +127,6 @@ def _read_tokenizer(path: Path):
     if not path.is_file():
         print(f"warning: {path.parent} gets no tokenizer.json: the source has none", file=sys.stderr)
         return None
-    from ..data import load_tokenizer
-
     return load_tokenizer(str(path))
 
 
