@@ -250,9 +250,17 @@ def load_tp_model(
 # what must agree between a run's model and the weights it starts from: every parameter's shape and the function
 # of the parts a layout does not change. The residual layout may differ: that is the conversion to a ladder.
 INIT_MATCH_FIELDS = (
-    "vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "tie_embeddings", "rope_theta",
-    "rope_scaling", "norm_eps",
-)  # fmt: skip
+    "vocab_size",
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_dim",
+    "tie_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "norm_eps",
+)
 
 
 def _same(a, b) -> bool:

@@ -114,8 +114,16 @@ COMM_SHARE_70B_TP8 = 0.38  # the paper: communication was 38 % of the latency fo
 # evaluated as converted (zero-shot) and after retraining on Infinity-Instruct (2 epochs, AdamW lr 5e-6, batch 32,
 # 200 warmup steps, cosine). The retraining budget: 3B tokens in the paper's text, 1.6B in its slides.
 ADAPTATION_BENCHMARKS = (
-    "MMLU", "ARC-C", "OBQA", "HellaSwag", "TruthfulQA", "GSM8K", "HumanEval+", "IFEval", "AlpacaEval 2",
-)  # fmt: skip
+    "MMLU",
+    "ARC-C",
+    "OBQA",
+    "HellaSwag",
+    "TruthfulQA",
+    "GSM8K",
+    "HumanEval+",
+    "IFEval",
+    "AlpacaEval 2",
+)
 ADAPTATION_RETRAIN_TOKENS = {"paper text": 3.0e9, "paper slides": 1.6e9}
 
 

@@ -116,10 +116,23 @@ def test_every_model_field_reaches_the_model():
 
     arg_fields = {f.name for f in dataclasses.fields(ModelArgs)}
     assert {f.name for f in dataclasses.fields(ModelConfig)} == arg_fields | {"preset"}
-    values = dict(vocab_size=100, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=128,
-                  rope_theta=5e5, norm_eps=1e-6, init_std=0.01, residual="ladder", ladder_layers=2)  # fmt: skip
-    scaling = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=64)  # fmt: skip
+    values = dict(
+        vocab_size=100,
+        dim=64,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=96,
+        max_seq_len=128,
+        rope_theta=5e5,
+        norm_eps=1e-6,
+        init_std=0.01,
+        residual="ladder",
+        ladder_layers=2,
+    )
+    scaling = dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
+    )
     overrides = [f"model.{k}={v}" for k, v in values.items()] + ["model.tie_embeddings=false", "data.seq_len=64"]
     overrides.append("model.rope_scaling={" + ", ".join(f"{k}: {v}" for k, v in scaling.items()) + "}")
     cfg = load_config(None, overrides)

@@ -432,8 +432,13 @@ def test_chat_data_with_no_assistant_turn_is_refused_before_any_update(tmp_path)
     recipe = tmp_path / "recipe.yaml"
     save_config(tiny_chat_config(str(tmp_path / "run"), str(model_folder(tmp_path)), str(source), 2), recipe)
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "ladder_train.train", "--config", str(recipe)], env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "ladder_train.train", "--config", str(recipe)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert [line for line in done.stderr.splitlines() if line.startswith("ladder-train")] == [
         f"ladder-train: error: data.source={source}: the first global batch holds no token to learn from (no "

@@ -129,8 +129,13 @@ def test_the_export_loads_with_trust_remote_code_where_ladder_train_cannot_be_im
     env["HF_MODULES_CACHE"] = str(tmp_path / "modules")
     out = subprocess.run(
         [sys.executable, "-c", script, str(export), json.dumps(PROMPT.tolist()), str(tmp_path / "logits.pt")],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "loaded without trust_remote_code" not in out.stdout  # without the flag the folder's code does not run
     assert out.stdout.split()[-1].startswith("transformers_modules.")  # the folder's own code ran
@@ -204,11 +209,20 @@ def _adapt_worker(folder: str, run_dir: str, batches: list):
     env = init_distributed()
     try:
         overrides = [f"model.{k}={v}" for k, v in TINY.items()] + [
-            "model.residual=ladder", "model.ladder_layers=2", f"checkpoint.init_from={folder}",
-            f"data.tokenizer={folder}/tokenizer.json", "data.seq_len=16", f"run.dir={run_dir}",
-            "train.global_batch_size=2", "train.micro_batch_size=2", "train.schedule.warmup_steps=1",
-            "train.schedule.total_steps=2", "train.optimizer.lr=1e-2", "wandb.mode=disabled", "eval.at_end=false",
-        ]  # fmt: skip
+            "model.residual=ladder",
+            "model.ladder_layers=2",
+            f"checkpoint.init_from={folder}",
+            f"data.tokenizer={folder}/tokenizer.json",
+            "data.seq_len=16",
+            f"run.dir={run_dir}",
+            "train.global_batch_size=2",
+            "train.micro_batch_size=2",
+            "train.schedule.warmup_steps=1",
+            "train.schedule.total_steps=2",
+            "train.optimizer.lr=1e-2",
+            "wandb.mode=disabled",
+            "eval.at_end=false",
+        ]
         Trainer(load_config(None, overrides), env, batches=batches).train()
     finally:
         dist.destroy_process_group()

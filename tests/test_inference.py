@@ -852,7 +852,13 @@ def test_a_compiled_decode_step_on_cuda_never_waits_for_or_copies_from_the_host(
         gen = Generator(fake_cuda_model("ladder"), compile=True)
         prompt = torch.zeros(2, 6, dtype=torch.long, device="cuda")
         with traffic:
-            tokens = gen.generate(prompt, 2, temperature=1.0 if top_k else 0.0, top_k=top_k, on_prefill_done=lambda: setattr(traffic, "on", True))  # fmt: skip
+            tokens = gen.generate(
+                prompt,
+                2,
+                temperature=1.0 if top_k else 0.0,
+                top_k=top_k,
+                on_prefill_done=lambda: setattr(traffic, "on", True),
+            )
     assert tokens.shape == (2, 2) and tokens.device.type == "cuda"
     assert traffic.on and traffic.found == [], traffic.found
 

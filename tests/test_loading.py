@@ -45,10 +45,18 @@ TOKENS = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3
 def hf_llama(folder, tie=False, rope_scaling=LLAMA31_SCALING, **changes):
     """A random tiny LlamaForCausalLM saved by transformers in shards (as hub checkpoints are); returns its logits."""
     config = transformers.LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rope_theta=500000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=tie, rope_scaling=dict(rope_scaling),  # a copy: transformers adds rope_theta to it
-    )  # fmt: skip
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tie,
+        rope_scaling=dict(rope_scaling),  # a copy: transformers adds rope_theta to it
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # norms start at ones; perturb them so a wrongly read norm shows
@@ -336,12 +344,24 @@ def test_a_model_that_does_not_fit_the_recipe_is_refused_in_one_line(tmp_path, c
     capsys.readouterr()  # transformers' progress bar
     scaling = "{" + ", ".join(f"{k}: {v}" for k, v in LLAMA31_SCALING.items()) + "}"
     overrides = {
-        "run.dir": tmp_path / "run", "model.vocab_size": 97, "model.dim": 32, "model.n_layers": 3,
-        "model.n_heads": 4, "model.n_kv_heads": 2, "model.ffn_dim": 64, "model.max_seq_len": 64,
-        "model.rope_theta": 500000.0, "model.tie_embeddings": False, "model.rope_scaling": scaling,
-        "data.source": "python-stdlib", "data.tokenizer": "byte", "data.seq_len": 16, "wandb.mode": "disabled",
-        "checkpoint.init_from": tmp_path / "hf", **change,
-    }  # fmt: skip
+        "run.dir": tmp_path / "run",
+        "model.vocab_size": 97,
+        "model.dim": 32,
+        "model.n_layers": 3,
+        "model.n_heads": 4,
+        "model.n_kv_heads": 2,
+        "model.ffn_dim": 64,
+        "model.max_seq_len": 64,
+        "model.rope_theta": 500000.0,
+        "model.tie_embeddings": False,
+        "model.rope_scaling": scaling,
+        "data.source": "python-stdlib",
+        "data.tokenizer": "byte",
+        "data.seq_len": 16,
+        "wandb.mode": "disabled",
+        "checkpoint.init_from": tmp_path / "hf",
+        **change,
+    }
     status = main([f"{k}={v}" for k, v in overrides.items()])
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.startswith(f"ladder-train: error: checkpoint.init_from={tmp_path / 'hf'}: ")
@@ -474,7 +494,7 @@ CRAFTED_FOLDERS = {  # id: (craft, the file the line names, the message after it
         set_config(vocab_size=3 * 10**9),
         "config.json",
         "vocab_size=3000000000: must be a positive integer, at most 16,777,216",
-    ),  # fmt: skip
+    ),
     "huge tensor": (
         set_config(vocab_size=2**24, hidden_size=2048, num_attention_heads=16),
         "config.json",
@@ -521,7 +541,7 @@ CRAFTED_FOLDERS = {  # id: (craft, the file the line names, the message after it
         index_to("model-00002.safetensors"),
         INDEX_FILE,
         "shard 'model-00002.safetensors' does not exist",
-    ),  # fmt: skip
+    ),
     "shard outside": (
         index_to("../other/model.safetensors"),
         INDEX_FILE,

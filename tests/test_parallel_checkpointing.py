@@ -22,8 +22,9 @@ ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default  # the CPU 
 
 def tiny_model(layout: str) -> Transformer:
     torch.manual_seed(0)
-    return Transformer(ModelArgs(vocab_size=128, dim=64, n_layers=2, n_heads=4, ffn_dim=128, max_seq_len=64,
-                                 residual=layout))  # fmt: skip
+    return Transformer(
+        ModelArgs(vocab_size=128, dim=64, n_layers=2, n_heads=4, ffn_dim=128, max_seq_len=64, residual=layout)
+    )
 
 
 def tiny_batch():
@@ -80,8 +81,15 @@ def test_the_benchmark_writes_the_rows_its_docs_table_is_made_from(tmp_path, cap
     from benchmarks.activation_memory import main
     from ladder_train.report.docs_tables import ACTIVATION_MEMORY, activation_memory
 
-    tiny = ["model.vocab_size=128", "model.dim=64", "model.n_layers=2", "model.ffn_dim=128", "model.max_seq_len=64",
-            "data.seq_len=64", "train.micro_batch_size=2"]  # fmt: skip
+    tiny = [
+        "model.vocab_size=128",
+        "model.dim=64",
+        "model.n_layers=2",
+        "model.ffn_dim=128",
+        "model.max_seq_len=64",
+        "data.seq_len=64",
+        "train.micro_batch_size=2",
+    ]
     main(["--layouts", "ladder", "--out", str(tmp_path / ACTIVATION_MEMORY), *tiny])
     rows = (tmp_path / ACTIVATION_MEMORY).read_text().splitlines()
     assert [line.split('"mode": "')[1].split('"')[0] for line in rows] == ["none", "selective", "full"]

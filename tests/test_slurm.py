@@ -20,8 +20,12 @@ def test_sbatch_output_goes_to_a_folder_a_fresh_clone_has():
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     folders = {str(Path(p).parent) for p in tracked.splitlines()}
     scripts = sorted((REPO / "slurm").glob("*.sh"))
-    outputs = [(s.name, line.split("=", 1)[1].strip()) for s in scripts for line in s.read_text().splitlines()
-               if line.startswith("#SBATCH --output=")]  # fmt: skip
+    outputs = [
+        (s.name, line.split("=", 1)[1].strip())
+        for s in scripts
+        for line in s.read_text().splitlines()
+        if line.startswith("#SBATCH --output=")
+    ]
     assert {name for name, _ in outputs} >= {"pretrain_1b.sh", "pretrain_3b.sh", "eval.sh", "bench_tp.sh"}
     for name, path in outputs:  # Slurm opens this file before the script runs: its folder must exist already
         assert str(Path(path).parent) in folders, f"{name}: --output={path}"
@@ -35,9 +39,15 @@ def test_launcher_sets_diagnostics_and_forwards_sigusr1(tmp_path):
     for name, body in (("srun", fake_srun), ("scontrol", "#!/bin/bash\necho node001\n")):
         (tmp_path / "bin" / name).write_text(body)
         (tmp_path / "bin" / name).chmod(0o755)
-    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "4242",
-           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_JOB_NAME": "ladder-3b",
-           "SLURM_CPUS_PER_TASK": "64"}  # fmt: skip
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "node[001-002]",
+        "SLURM_JOB_NAME": "ladder-3b",
+        "SLURM_CPUS_PER_TASK": "64",
+    }
     done = subprocess.run(["bash", str(tmp_path / "slurm/pretrain_3b.sh")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     seen = dict(line.split("=", 1) for line in (tmp_path / "srun.env").read_text().splitlines() if "=" in line)

@@ -22,8 +22,11 @@ data.source=OUT_DIR and the same data.tokenizer."""
 
 
 def parser() -> Parser:
-    p = Parser(prog="ladder-data", description="Token folders for long runs: prepare tokenizes a source once into "
-               "memory-mapped token files (train with data.source=OUT_DIR); info checks a folder.")  # fmt: skip
+    p = Parser(
+        prog="ladder-data",
+        description="Token folders for long runs: prepare tokenizes a source once into "
+        "memory-mapped token files (train with data.source=OUT_DIR); info checks a folder.",
+    )
     commands = p.add_subparsers(dest="command", required=True, metavar="{prepare,info}")
     prepare = commands.add_parser("prepare", prog="ladder-data prepare", description=PREPARE, help="tokenize a source")
     prepare.add_argument("source", help="a hub dataset name, a local parquet/jsonl file or folder, or python-stdlib")
@@ -49,8 +52,9 @@ def run(argv: list[str]) -> int:
         return 0
     from ..data.tokenize_files import prepare
 
-    meta = prepare(args.source, args.out_dir, args.tokenizer, args.split, args.hub_config, args.text_column,
-                   args.workers)  # fmt: skip
+    meta = prepare(
+        args.source, args.out_dir, args.tokenizer, args.split, args.hub_config, args.text_column, args.workers
+    )
     print(
         f"wrote {args.out_dir}: {meta['tokens']:,} tokens in {meta['documents']:,} documents ({meta['dtype']}) from "
         f"{meta['source']['shards']} shards of {args.source}; train with data.source={args.out_dir} "

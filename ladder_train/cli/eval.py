@@ -96,8 +96,13 @@ def run(argv: list[str]) -> int:
         batches = held_out_batches(args.val_data, saved.tokenizer, seq_len, args.batch_size, args.val_batches)
         loss, n_tokens = validation_loss(model, batches)
         print(f"held-out {args.val_data}: loss {loss:.4f}, perplexity {perplexity(loss):.2f} over {n_tokens} tokens")
-        held_out = {"data": str(args.val_data), "seq_len": seq_len, "tokens": n_tokens, "loss": loss,
-                    "perplexity": perplexity(loss)}  # fmt: skip
+        held_out = {
+            "data": str(args.val_data),
+            "seq_len": seq_len,
+            "tokens": n_tokens,
+            "loss": loss,
+            "perplexity": perplexity(loss),
+        }
         record = json.loads(out.read_text()) if tasks else {}  # this invocation's task results, if any
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({**record, "held_out": held_out}, indent=2) + "\n")

@@ -60,5 +60,8 @@ def run(argv: list[str]) -> int:
     if done.rank == 0:
         print(done.text, flush=True)
         ended = f"stopped at {done.stop_name}" if done.stop_name else f"--max-new-tokens {args.max_new_tokens} reached"
-        print(f"ladder-generate: {done.new_tokens} new tokens in {done.seconds:.1f} s at TP {done.tp}; {ended}", file=sys.stderr)
+        print(
+            f"ladder-generate: {done.new_tokens} new tokens in {done.seconds:.1f} s at TP {done.tp}; {ended}",
+            file=sys.stderr,
+        )
     return 0

@@ -117,9 +117,12 @@ def cmd_study(argv: list[str]) -> int:
         "--point", type=int, default=None, metavar="I", help="print point I's trainer overrides (slurm/study.sh)"
     )
     parser.add_argument(
-        "--collect", type=new_output_folder, default=None, metavar="DIR",
+        "--collect",
+        type=new_output_folder,
+        default=None,
+        metavar="DIR",
         help="copy each finished point's config, metrics and eval results to DIR/<point>/ (to commit), run nothing",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.config is None:
         parser.error("--config is required")

@@ -184,7 +184,9 @@ def _check_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise DataError(f"OUT_DIR: {out} exists and is not a folder")
     if (out / TOKEN_FOLDER_META).exists():
-        raise DataError(f"OUT_DIR: {out} already holds token files ({TOKEN_FOLDER_META}); remove it or choose another folder")
+        raise DataError(
+            f"OUT_DIR: {out} already holds token files ({TOKEN_FOLDER_META}); remove it or choose another folder"
+        )
 
 
 def prepare(
@@ -227,8 +229,13 @@ def prepare(
         "dtype": dtype,
         "tokens": assembler.n_tokens,
         "documents": assembler.n_docs,
-        "source": {"name": str(source), "split": split, "hub_config": hub_config if hub else None,
-                   "text_column": text_column, "shards": n},
-    }  # fmt: skip
+        "source": {
+            "name": str(source),
+            "split": split,
+            "hub_config": hub_config if hub else None,
+            "text_column": text_column,
+            "shards": n,
+        },
+    }
     write_meta(out, meta)
     return meta
