@@ -420,8 +420,8 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
 
 
 @pytest.mark.slow
-def test_checkpoint_in_the_old_format_still_loads(smoke_run, tmp_path):
-    """The older format: the trainer entry a torch.save pickle, and no manifest."""
+def test_a_checkpoint_without_manifest_and_with_a_pickled_trainer_entry_resumes(smoke_run, tmp_path):
+    """A trainer entry written by torch.save (read by the weights-only unpickler) and no manifest to verify."""
     from ladder_train.checkpoint.safe_load import pack
 
     run_dir = copy_run(smoke_run, tmp_path)
@@ -435,7 +435,7 @@ def test_checkpoint_in_the_old_format_still_loads(smoke_run, tmp_path):
 
     result = train(run_dir, "train.max_steps=6")
     assert result.returncode == 0, result.stderr
-    assert f"note: {step4} has no {MANIFEST} (written before checksums): loading it unverified" in result.stderr
+    assert f"note: {step4} has no {MANIFEST} (no checksums to verify): loading it unverified" in result.stderr
     assert "resuming from" in result.stdout and "at step 4" in result.stdout
 
 
@@ -490,7 +490,7 @@ def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, t
 def test_truncated_file_without_manifest_gives_one_line(smoke_run, tmp_path, export):
     run_dir = copy_run(smoke_run, tmp_path)
     step2, step4 = run_dir / "checkpoints" / "step-2", run_dir / "checkpoints" / "step-4"
-    (step4 / MANIFEST).unlink()  # as a checkpoint from before checksums
+    (step4 / MANIFEST).unlink()  # nothing to verify the truncation against
     weights = step4 / "__0_0.distcp"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])
     result = export(step4, tmp_path / "export")

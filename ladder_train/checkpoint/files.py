@@ -169,7 +169,7 @@ def verify_checkpoint(path: Path, group=None, no_dist: bool = False) -> None:
     manifest = path / MANIFEST
     if not manifest.is_file():
         if rank == 0:
-            print(f"note: {path} has no {MANIFEST} (written before checksums): loading it unverified", file=sys.stderr)
+            print(f"note: {path} has no {MANIFEST} (no checksums to verify): loading it unverified", file=sys.stderr)
         return
     try:
         files = json.loads(manifest.read_text())["files"]
