@@ -146,7 +146,7 @@ def _row(cfg, layout: str, mode: str, base: Transformer, figures: dict) -> dict:
             "n_heads": m.n_heads,
             "ffn_dim": m.ffn_dim,
             "vocab_size": m.vocab_size,
-        },  # fmt: skip
+        },
         "parameters": sum(p.numel() for p in base.parameters()),
         "batch": cfg.train.micro_batch_size,
         "seq_len": cfg.data.seq_len,

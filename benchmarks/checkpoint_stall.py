@@ -134,17 +134,33 @@ def measure_stalls(args, batches: list, env, scratch: Path) -> list[dict]:
         cfg = load_config(None, DEFAULTS + TRAINING + args.overrides)
         total, walls = step_walls(cfg, batches, env, args.steps, every, async_save, scratch / label)
         stall = stall_per_save(walls, args.every) if every else None
-        rows.append({"part": "stall", "setting": label, "every": every, "async_save": async_save,
-                     "saves": expected_saves(args.steps, every), "total_s": total, "step_s": walls,
-                     "median_step_s": statistics.median(walls[1:]), "stall_per_save_s": stall})  # fmt: skip
+        rows.append(
+            {
+                "part": "stall",
+                "setting": label,
+                "every": every,
+                "async_save": async_save,
+                "saves": expected_saves(args.steps, every),
+                "total_s": total,
+                "step_s": walls,
+                "median_step_s": statistics.median(walls[1:]),
+                "stall_per_save_s": stall,
+            }
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     context = invocation("benchmarks.checkpoint_stall", argv)
-    context.update(bench="checkpoint_stall", steps=args.steps, every_setting=args.every, repeats=args.repeats,
-                   overrides=args.overrides, dtype="float32")  # fmt: skip
+    context.update(
+        bench="checkpoint_stall",
+        steps=args.steps,
+        every_setting=args.every,
+        repeats=args.repeats,
+        overrides=args.overrides,
+        dtype="float32",
+    )
     env = init_distributed()
     rows = []
     with tempfile.TemporaryDirectory(prefix="ladder-ckpt-bench-") as scratch:

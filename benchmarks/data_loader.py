@@ -90,9 +90,18 @@ def main(argv: list[str] | None = None) -> None:
     texts = [doc[cfg.text_column] for doc in open_source(cfg.source, args.split, cfg.text_column, cfg.hub_config)]
     characters = sum(map(len, texts))
     print(f"source {args.source} ({args.split}): {len(texts)} documents, {characters / 1e6:.1f}M characters")
-    context.update(bench="data_loader", source=args.source, split=args.split, tokenizer=args.tokenizer,
-                   seq_len=args.seq_len, batch_size=args.batch_size, repeats=args.repeats, documents=len(texts),
-                   characters=characters, tokenizers_parallelism=os.environ["TOKENIZERS_PARALLELISM"])  # fmt: skip
+    context.update(
+        bench="data_loader",
+        source=args.source,
+        split=args.split,
+        tokenizer=args.tokenizer,
+        seq_len=args.seq_len,
+        batch_size=args.batch_size,
+        repeats=args.repeats,
+        documents=len(texts),
+        characters=characters,
+        tokenizers_parallelism=os.environ["TOKENIZERS_PARALLELISM"],
+    )
     rows = []
     for repeat in range(args.repeats):
         if args.repeats > 1:
@@ -101,15 +110,36 @@ def main(argv: list[str] | None = None) -> None:
         rates = {name: tokens / seconds for name, (tokens, seconds) in raw.items()}
         for name, (tokens, seconds) in raw.items():
             print(f"raw {name:<18} 1 thread   {rates[name]:>12,.0f} tokens/s")
-            rows.append({**context, "repeat": repeat, "quantity": "raw", "call": name, "workers": None,
-                         "tokens": tokens, "seconds": seconds, "tokens_per_s": rates[name]})  # fmt: skip
+            rows.append(
+                {
+                    **context,
+                    "repeat": repeat,
+                    "quantity": "raw",
+                    "call": name,
+                    "workers": None,
+                    "tokens": tokens,
+                    "seconds": seconds,
+                    "tokens_per_s": rates[name],
+                }
+            )
         for workers in args.workers:
             tokens, batches, seconds = pipeline_pass(cfg, tokenizer, workers, args.batch_size, args.split)
             check_delivered(tokens, raw[CALLS[0]][0], workers, args.batch_size, args.seq_len)
             total = tokens / seconds
             per_worker = total / max(workers, 1)
-            rows.append({**context, "repeat": repeat, "quantity": "pipeline", "call": None, "workers": workers,
-                         "tokens": tokens, "batches": batches, "seconds": seconds, "tokens_per_s": total})  # fmt: skip
+            rows.append(
+                {
+                    **context,
+                    "repeat": repeat,
+                    "quantity": "pipeline",
+                    "call": None,
+                    "workers": workers,
+                    "tokens": tokens,
+                    "batches": batches,
+                    "seconds": seconds,
+                    "tokens_per_s": total,
+                }
+            )
             print(
                 f"pipeline {workers} worker(s)   total {total:>12,.0f} tokens/s | per worker {per_worker:>10,.0f} "
                 f"tokens/s = {per_worker / rates['encode_batch']:.2f} x encode_batch, "

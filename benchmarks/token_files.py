@@ -39,9 +39,9 @@ from ladder_train.data.token_files import (
     write_meta,
 )
 from ladder_train.data.token_loader import TokenFileLoader
+from ladder_train.gpu_cards import CARDS
 from ladder_train.model.presets import PRESETS, flops_per_token
 from ladder_train.model.transformer import ModelArgs
-from ladder_train.predict.hardware import shipped_cards
 
 CHUNK = 1 << 26  # synthetic tokens written this many at a time
 
@@ -62,9 +62,19 @@ def synthetic_folder(folder: Path, tokens: int, seed: int = 0) -> Path:
     offsets = np.concatenate([[0], *ends]).astype(OFFSET_DTYPE)
     offsets.tofile(folder / OFFSETS_NAME)
     tokenizer = {"name": "synthetic", "sha256": "0" * 64, "vocab_size": 49152}
-    write_meta(folder, {"format": FORMAT, "version": VERSION, "tokenizer": tokenizer, "separator_id": 0,
-                        "dtype": "uint16", "tokens": tokens, "documents": len(offsets) - 1,
-                        "source": {"name": "synthetic", "seed": seed}})  # fmt: skip
+    write_meta(
+        folder,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "tokenizer": tokenizer,
+            "separator_id": 0,
+            "dtype": "uint16",
+            "tokens": tokens,
+            "documents": len(offsets) - 1,
+            "source": {"name": "synthetic", "seed": seed},
+        },
+    )
     return folder
 
 
@@ -100,18 +110,33 @@ def rank_rate(path: Path, seq_len: int, global_batch: int, micro: int, world: in
     if loader.global_batches != first + steps or sequences != steps * global_batch // world:
         raise BenchmarkError(f"world {world}: read {sequences} sequences, {loader.global_batches - first} batches")
     tokens = sequences * seq_len
-    return {"world_size": world, "rank": 0, "first_batch": first, "steps": steps, "sequences": sequences,
-            "tokens": tokens, "seconds": seconds, "tokens_per_s_rank": tokens / seconds,
-            "folder_tokens": folder.n_tokens}  # fmt: skip
+    return {
+        "world_size": world,
+        "rank": 0,
+        "first_batch": first,
+        "steps": steps,
+        "sequences": sequences,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s_rank": tokens / seconds,
+        "folder_tokens": folder.n_tokens,
+    }
 
 
 def gpu_estimate(seq_len: int, mfu: float) -> dict:
     """What one H100 SXM consumes training the 1.2B preset at ``mfu``: computed, labelled as an estimate."""
     args = ModelArgs(**PRESETS["1.2B"])
     flops = flops_per_token(args, seq_len)
-    peak = shipped_cards()["h100_sxm"].peak_flops
-    return {"estimate": True, "model": "1.2B", "gpu": "H100 SXM", "peak_flops": peak, "mfu": mfu,
-            "flops_per_token": flops, "tokens_per_s_gpu": mfu * peak / flops}  # fmt: skip
+    peak = CARDS["h100_sxm"].peak_flops
+    return {
+        "estimate": True,
+        "model": "1.2B",
+        "gpu": "H100 SXM",
+        "peak_flops": peak,
+        "mfu": mfu,
+        "flops_per_token": flops,
+        "tokens_per_s_gpu": mfu * peak / flops,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,9 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     common = invocation("benchmarks.token_files", argv)
     gpu = gpu_estimate(args.seq_len, args.mfu)
-    print(f"ESTIMATE (computed, not measured): one H100 SXM training the 1.2B preset at {args.mfu:.0%} MFU consumes "
-          f"{gpu['tokens_per_s_gpu']:,.0f} tokens/s ({gpu['flops_per_token'] / 1e9:.2f} GFLOP/token, "
-          f"{gpu['peak_flops'] / 1e12:.1f} TFLOP/s peak)")  # fmt: skip
+    print(
+        f"ESTIMATE (computed, not measured): one H100 SXM training the 1.2B preset at {args.mfu:.0%} MFU consumes "
+        f"{gpu['tokens_per_s_gpu']:,.0f} tokens/s ({gpu['flops_per_token'] / 1e9:.2f} GFLOP/token, "
+        f"{gpu['peak_flops'] / 1e12:.1f} TFLOP/s peak)"
+    )
     with tempfile.TemporaryDirectory() as scratch:
         path = args.folder or synthetic_folder(Path(scratch) / "tokens", args.tokens)
         rows = []
@@ -145,13 +172,22 @@ def main(argv: list[str] | None = None) -> None:
             steps = max(args.steps, -(-args.min_sequences * world // args.global_batch))
             first = 1000 + 10_000 * index
             row = rank_rate(path, args.seq_len, args.global_batch, args.micro_batch, world, steps, first)
-            row.update(bench="token_files", folder=str(args.folder or "synthetic"), cold=args.cold,
-                       seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=args.micro_batch,
-                       gpu_estimate=gpu, **common)  # fmt: skip
+            row.update(
+                bench="token_files",
+                folder=str(args.folder or "synthetic"),
+                cold=args.cold,
+                seq_len=args.seq_len,
+                global_batch=args.global_batch,
+                micro_batch=args.micro_batch,
+                gpu_estimate=gpu,
+                **common,
+            )
             ratio = row["tokens_per_s_rank"] / gpu["tokens_per_s_gpu"]
-            print(f"world {world:>4} rank 0: {row['sequences']:>6} sequences in {row['seconds']:.3f} s = "
-                  f"{row['tokens_per_s_rank']:>14,.0f} tokens/s per rank = {ratio:,.1f} x the H100 estimate "
-                  f"({'cold' if args.cold else 'warm'} page cache)")  # fmt: skip
+            print(
+                f"world {world:>4} rank 0: {row['sequences']:>6} sequences in {row['seconds']:.3f} s = "
+                f"{row['tokens_per_s_rank']:>14,.0f} tokens/s per rank = {ratio:,.1f} x the H100 estimate "
+                f"({'cold' if args.cold else 'warm'} page cache)"
+            )
             rows.append(row)
     append_rows(args.out, rows)
 

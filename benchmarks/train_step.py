@@ -149,13 +149,26 @@ def main(argv: list[str] | None = None) -> None:
             trained.append(trainer_loop(cfg, batches, args.steps, env))
         for loop, rates in (("bare", bare), ("trainer", trained)):
             tokens = args.steps * context["tokens_per_step"]
-            rows += [{**context, "repeat": repeat, "round": i, "loop": loop, "steps": args.steps, "tokens": tokens,
-                      "seconds": tokens / rate, "tokens_per_s": rate} for i, rate in enumerate(rates)]  # fmt: skip
+            rows += [
+                {
+                    **context,
+                    "repeat": repeat,
+                    "round": i,
+                    "loop": loop,
+                    "steps": args.steps,
+                    "tokens": tokens,
+                    "seconds": tokens / rate,
+                    "tokens_per_s": rate,
+                }
+                for i, rate in enumerate(rates)
+            ]
         ratios.append(report(bare, trained, args.steps))
     dist.destroy_process_group()
     if args.repeats > 1:
-        print(f"trainer / bare over {args.repeats} repeats: median {statistics.median(ratios):.3f} "
-              f"(range {min(ratios):.3f}-{max(ratios):.3f})")  # fmt: skip
+        print(
+            f"trainer / bare over {args.repeats} repeats: median {statistics.median(ratios):.3f} "
+            f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+        )
     append_rows(args.out, rows)
 
 

@@ -12,6 +12,7 @@ import torch
 from dist_utils import save_training_checkpoint
 
 from ladder_train.bench.results import distribution, latency_note
+from ladder_train.bench_schema import FIELDS
 from ladder_train.cli import ladder_bench as bench_main
 from ladder_train.model import ModelArgs, Transformer
 
@@ -24,6 +25,20 @@ def test_bench_refuses_a_tp_degree_or_layout_it_cannot_run(capsys):
     assert "ladder-bench: error: --layouts 'standard,lader'" in capsys.readouterr().err
 
 
+def test_the_library_names_an_option_by_its_field_and_the_command_by_its_flag(capsys):
+    from ladder_train.bench.options import BenchOptions, measurements
+    from ladder_train.option_errors import OptionError
+
+    with pytest.raises(OptionError) as err:
+        measurements(BenchOptions(models=("tiny",), gen_len=1), tp=1)
+    assert str(err.value) == "need gen_len >= 2, prompt_len >= 1, runs >= 1, warmup >= 0"
+    assert bench_main(["--model", "tiny", "--gen-len", "1"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "ladder-bench: error: need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0\n"
+    )
+
+
 @pytest.mark.slow
 def test_bench_cli_two_ranks_writes_consistent_results(tmp_path):
     out = tmp_path / "bench.jsonl"
@@ -34,6 +49,7 @@ def test_bench_cli_two_ranks_writes_consistent_results(tmp_path):
     assert [(r["layout"], r["batch"]) for r in rows] == [
         (lay, b) for b in (1, 2) for lay in ("standard", "parallel", "ladder")
     ]
+    assert {key for row in rows for key in row} <= set(FIELDS)  # every field a row holds is documented
     for row in rows:
         assert row["tp"] == 2 and row["emulated_link_latency_ms"] == 1.0 and row["backend"] == "gloo"
         assert row["torch"] == torch.__version__ and row["device"].startswith("cpu")

@@ -24,19 +24,50 @@ from ladder_train.report.docs_tables import TABLES, remake, stale_tables
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-TINY = ["model.vocab_size=64", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.ffn_dim=64",
-        "model.max_seq_len=16", "data.seq_len=16", "train.global_batch_size=2", "train.micro_batch_size=2"]  # fmt: skip
-TP_TINY = ["--model", "tiny", "--set", "dim=64", "n_layers=2", "n_heads=4", "n_kv_heads=4", "ffn_dim=128",
-           "vocab_size=128", "max_seq_len=32", "--tp", "2", "--batch-sizes", "1", "--prompt-len", "4", "--gen-len",
-           "3", "--runs", "2", "--warmup", "1"]  # fmt: skip
+TINY = [
+    "model.vocab_size=64",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.ffn_dim=64",
+    "model.max_seq_len=16",
+    "data.seq_len=16",
+    "train.global_batch_size=2",
+    "train.micro_batch_size=2",
+]
+TP_TINY = [
+    "--model",
+    "tiny",
+    "--set",
+    "dim=64",
+    "n_layers=2",
+    "n_heads=4",
+    "n_kv_heads=4",
+    "ffn_dim=128",
+    "vocab_size=128",
+    "max_seq_len=32",
+    "--tp",
+    "2",
+    "--batch-sizes",
+    "1",
+    "--prompt-len",
+    "4",
+    "--gen-len",
+    "3",
+    "--runs",
+    "2",
+    "--warmup",
+    "1",
+]
 CONTEXT = {"invocation", "command", "date", "started", "host", "bench", "repeat"}
 HOST = {"cpu_model", "cpu_count", "cpus_usable", "torch_threads", "omp_num_threads", "versions"}
 
 
 def run_module(tmp_path: Path, module: str, args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}  # benchmarks/ is not installed: run from the repo
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -101,12 +132,28 @@ def _overhead_rows() -> list[dict]:
     """Three repeats of two rounds each, as benchmarks/train_step.py writes them (the figures made up)."""
     host = {"cpu_model": "Test CPU", "cpu_count": 2, "versions": {"torch": "2.13.0+cpu"}}
     model = {"residual": "ladder", "n_layers": 4, "dim": 256, "n_heads": 4, "ffn_dim": 688, "vocab_size": 8192}
-    common = {"invocation": "i1", "command": "python -m benchmarks.train_step --repeats 3", "date": "2026-11-26",
-              "host": host, "rounds": 2, "model": model, "parameters": 7_300_000, "seq_len": 256,
-              "global_batch_size": 8, "micro_batch_size": 4, "dtype": "float32", "device": "cpu", "steps": 10}  # fmt: skip
+    common = {
+        "invocation": "i1",
+        "command": "python -m benchmarks.train_step --repeats 3",
+        "date": "2026-11-26",
+        "host": host,
+        "rounds": 2,
+        "model": model,
+        "parameters": 7_300_000,
+        "seq_len": 256,
+        "global_batch_size": 8,
+        "micro_batch_size": 4,
+        "dtype": "float32",
+        "device": "cpu",
+        "steps": 10,
+    }
     rates = {"bare": [(100, 110), (120, 90), (105, 95)], "trainer": [(90, 100), (100, 80), (99, 97)]}
-    return [{**common, "repeat": k, "loop": loop, "round": i, "tokens_per_s": rate}
-            for k in range(3) for loop in rates for i, rate in enumerate(rates[loop][k])]  # fmt: skip
+    return [
+        {**common, "repeat": k, "loop": loop, "round": i, "tokens_per_s": rate}
+        for k in range(3)
+        for loop in rates
+        for i, rate in enumerate(rates[loop][k])
+    ]
 
 
 def test_a_marked_table_is_made_from_its_rows_and_an_edited_number_is_caught(tmp_path):
@@ -136,17 +183,20 @@ def test_data_loader_rows_and_their_table(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
     for part in range(2):  # two files: each of 2 workers reads one
-        (source / f"part{part}.jsonl").write_text("".join(
-            json.dumps({"text": f"document {part} {i} " + "lorem ipsum " * (i % 7 + 3)}) + "\n" for i in range(60)
-        ))  # fmt: skip
+        (source / f"part{part}.jsonl").write_text(
+            "".join(
+                json.dumps({"text": f"document {part} {i} " + "lorem ipsum " * (i % 7 + 3)}) + "\n" for i in range(60)
+            )
+        )
     out = tmp_path / bench_tables.DATA_PIPELINE
     args = ["--source", str(source), "--tokenizer", "byte", "--seq-len", "31", "--batch-size", "2"]
     run_module(tmp_path, "benchmarks.data_loader", [*args, "--workers", "0", "2", "--repeats", "2", "--out", str(out)])
     rows = read(out)
     assert [(r["repeat"], r["quantity"], r["call"] or r["workers"]) for r in rows] == [
-        (repeat, *kind) for repeat in (0, 1)
+        (repeat, *kind)
+        for repeat in (0, 1)
         for kind in (("raw", "encode_batch"), ("raw", "encode_batch_fast"), ("pipeline", 0), ("pipeline", 2))
-    ]  # fmt: skip
+    ]
     assert all(
         CONTEXT | {"tokens", "seconds", "tokens_per_s", "seq_len", "batch_size", "documents"} <= set(r) for r in rows
     )
@@ -161,18 +211,22 @@ def test_data_loader_rows_and_their_table(tmp_path):
     two = [r["tokens_per_s"] for r in rows if r["workers"] == 2]
     per_fast = [t / 2 / f for t, f in zip(two, fast, strict=True)]  # within each repeat
     assert table_row(table, "pipeline, 2 workers") == [
-        "pipeline, 2 workers", "2", spread_of(two, ",.0f"), spread_of([t / 2 for t in two], ",.0f"),
+        "pipeline, 2 workers",
+        "2",
+        spread_of(two, ",.0f"),
+        spread_of([t / 2 for t in two], ",.0f"),
         spread_of([t / 2 / r["tokens_per_s"] for t, r in zip(two, rows[::4], strict=True)], ".2f"),
         spread_of(per_fast, ".2f"),
-    ]  # fmt: skip
+    ]
     assert "2 samples from 1 invocation" in table and f"{rows[0]['tokens']:,} tokens" in table
 
 
 @pytest.mark.slow
 def test_train_step_rows_and_their_table(tmp_path):
     out = tmp_path / bench_tables.TRAINER_OVERHEAD
-    run_module(tmp_path, "benchmarks.train_step", ["--steps", "2", "--rounds", "2", "--repeats", "2", "--out", str(out),
-                                                   *TINY])  # fmt: skip
+    run_module(
+        tmp_path, "benchmarks.train_step", ["--steps", "2", "--rounds", "2", "--repeats", "2", "--out", str(out), *TINY]
+    )
     rows = read(out)
     assert [(r["repeat"], r["loop"], r["round"]) for r in rows] == [
         (repeat, loop, i) for repeat in (0, 1) for loop in ("bare", "trainer") for i in (0, 1)
@@ -193,13 +247,17 @@ def test_train_step_rows_and_their_table(tmp_path):
 @pytest.mark.slow
 def test_checkpoint_rows_and_their_two_tables(tmp_path):
     out = tmp_path / bench_tables.CHECKPOINT
-    run_module(tmp_path, "benchmarks.checkpoint_stall", ["--steps", "4", "--every", "2", "--dims", "32", "--repeats",
-                                                         "2", "--out", str(out), *TINY])  # fmt: skip
+    run_module(
+        tmp_path,
+        "benchmarks.checkpoint_stall",
+        ["--steps", "4", "--every", "2", "--dims", "32", "--repeats", "2", "--out", str(out), *TINY],
+    )
     rows = read(out)
     assert [(r["repeat"], r["part"], r.get("setting") or r["dim"]) for r in rows] == [
-        (k, *kind) for k in (0, 1)
+        (k, *kind)
+        for k in (0, 1)
         for kind in (("stall", "end only"), ("stall", "every 2, sync"), ("stall", "every 2, async"), ("size", 32))
-    ]  # fmt: skip
+    ]
     stalls = [r for r in rows if r["part"] == "stall"]
     assert [len(r["step_s"]) for r in stalls] == [4] * 6 and [r["saves"] for r in stalls[:3]] == [1, 2, 2]
     sizes = [r for r in rows if r["part"] == "size"]
@@ -208,16 +266,21 @@ def test_checkpoint_rows_and_their_two_tables(tmp_path):
     table = TABLES["checkpoint-stall"](tmp_path)
     sync = [r for r in stalls if r["setting"] == "every 2, sync"]
     assert table_row(table, "every 2, sync") == [
-        "every 2, sync", "2", spread_of([r["total_s"] for r in sync], ".2f"),
-        spread_of([r["median_step_s"] for r in sync], ".3f"), spread_of([r["stall_per_save_s"] for r in sync], ".3f"),
-    ]  # fmt: skip
+        "every 2, sync",
+        "2",
+        spread_of([r["total_s"] for r in sync], ".2f"),
+        spread_of([r["median_step_s"] for r in sync], ".3f"),
+        spread_of([r["stall_per_save_s"] for r in sync], ".3f"),
+    ]
     assert table_row(table, "end only")[-1] == "-"
     table = TABLES["checkpoint-size"](tmp_path)
     assert table_row(table, "32")[1:] == [
-        f"{sizes[0]['params']:,}", f"{sizes[0]['bytes'] / 2**20:,.1f}", spread_of([r["save_s"] for r in sizes], ".3f"),
+        f"{sizes[0]['params']:,}",
+        f"{sizes[0]['bytes'] / 2**20:,.1f}",
+        spread_of([r["save_s"] for r in sizes], ".3f"),
         spread_of([r["load_s"] for r in sizes], ".3f"),
         spread_of([r["bytes"] / 2**20 / r["save_s"] for r in sizes], ",.0f"),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.slow
@@ -228,8 +291,9 @@ bench.Checkpointer.periodic_save_due = lambda self, step, max_steps: False  # th
 bench.main(['--steps', '4', '--every', '2', '--dims', '32', *{TINY!r}])
 """
     env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode != 0
     assert "BenchmarkError: training in every 2, sync ran 4 steps (4 logged) and saved at steps [4]" in done.stderr
 
@@ -245,10 +309,16 @@ def tp_rows(tmp_path_factory) -> list[dict]:
     env = {**os.environ, **OFFLINE}
     outs = [folder / f"{i}.jsonl" for i in range(3)]
     running = [
-        subprocess.Popen([sys.executable, "-m", "ladder_train.bench", *TP_TINY, "--link-latency-ms", str(x), "--out",
-                          str(out)], cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "ladder_train.bench", *TP_TINY, "--link-latency-ms", str(x), "--out", str(out)],
+            cwd=folder,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for x, out in zip((1, 1, 3), outs, strict=True)
-    ]  # fmt: skip
+    ]
     for process in running:
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, err[-3000:]
@@ -275,7 +345,9 @@ def test_the_tp_generation_table_gives_medians_and_ranges_over_invocations(tmp_p
     table = TABLES["tp-generation"](tmp_path)
     ladder = by_layout(tp_rows, 1, "ladder")
     assert table_row(table, "ladder", "1") == [
-        "ladder", "1", spread_of([r["tokens_per_s"] for r in ladder], ",.1f"),
+        "ladder",
+        "1",
+        spread_of([r["tokens_per_s"] for r in ladder], ",.1f"),
         spread_of([r["decode_ms_per_token"] for r in ladder], ".2f"),
         spread_of([r["speedup_vs_standard"] for r in ladder], ".3f", "×"),
         spread_of([r["decode_speedup_vs_standard"] for r in ladder], ".3f", "×"),
@@ -283,14 +355,14 @@ def test_the_tp_generation_table_gives_medians_and_ranges_over_invocations(tmp_p
         spread_of([100 * r["comm_share"] for r in ladder], ".1f", " %"),
         spread_of([100 * r["overlap_efficiency"] for r in ladder], ".0f", " %"),
         spread_of([r["none"]["decode_ms_per_token"] for r in ladder], ".1f"),
-    ]  # fmt: skip
+    ]
     assert table_row(table, "parallel", "1")[8] == "—"  # no overlap efficiency: it halves its all-reduces instead
     assert "2 invocations: per case the median over its 2" in table and "Emulated X = 1 ms is" in table
 
 
 @pytest.mark.slow
 def test_the_link_sweep_and_overlap_tables(tmp_path, tp_rows):
-    from ladder_train.bench.link_sweep import module_ms, predicted_decode_ms
+    from ladder_train.report.link_sweep import module_ms, predicted_decode_ms
 
     place(tmp_path, tp_tables.LINK_SWEEP, tp_rows)
     place(tmp_path, tp_tables.OVERLAP_CHECKS, tp_rows)
@@ -304,7 +376,7 @@ def test_the_link_sweep_and_overlap_tables(tmp_path, tp_rows):
         spread_of(predicted, ".2f", "×"),
         spread_of([100 * r["overlap_efficiency"] for r in ladder], ".0f", " %"),
         spread_of([r["none"]["decode_ms_per_token"] for r in ladder], ".1f"),
-    ]  # fmt: skip
+    ]
     (one,) = by_layout(tp_rows, 3, "ladder")  # one invocation: single values, no range
     assert table_row(sweep, "3")[3] == f"{by_layout(tp_rows, 3, 'standard')[0]['decode_ms_per_token']:.1f}"
     assert table_row(sweep, "3", table_row(sweep, "3")[1], "ladder")[7] == f"{100 * one['overlap_efficiency']:.0f} %"
@@ -317,12 +389,23 @@ def test_the_link_sweep_and_overlap_tables(tmp_path, tp_rows):
 def test_the_compiled_path_table_counts_each_invocations_graphs(tmp_path, tp_rows):
     """Rows as a compiled invocation writes them (compiled, backend, its compilations): 3 layouts x {real, none}
     x 1 batch size may compile 12 graphs; the table shows each invocation's count beside that."""
-    compiled = [{**r, "compiled": True, "compile_backend": "inductor", "compilations": 12 - i // 3}
-                for i, r in enumerate(tp_rows[:6])]  # fmt: skip
+    compiled = [
+        {**r, "compiled": True, "compile_backend": "inductor", "compilations": 12 - i // 3}
+        for i, r in enumerate(tp_rows[:6])
+    ]
     place(tmp_path, tp_tables.TP_COMPILED, compiled)
     table = TABLES["tp-compiled"](tmp_path)
-    assert table_row(table, "1", "ladder") == ["1", "ladder", "1", "yes", "inductor", str(compiled[0]["gen_len"]),
-                                               str(compiled[0]["runs"]), "12", "12"]  # fmt: skip
+    assert table_row(table, "1", "ladder") == [
+        "1",
+        "ladder",
+        "1",
+        "yes",
+        "inductor",
+        str(compiled[0]["gen_len"]),
+        str(compiled[0]["runs"]),
+        "12",
+        "12",
+    ]
     assert table_row(table, "2", "standard")[7:] == ["11", "12"]
     assert f"rows in `{tp_tables.TP_COMPILED}`" in table
 
@@ -331,7 +414,7 @@ def test_the_compiled_path_table_counts_each_invocations_graphs(tmp_path, tp_row
 def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(tmp_path, tp_rows):
     import yaml
 
-    from ladder_train.predict.compare import compare
+    from ladder_train.predict.compare import compare_with_bench
     from ladder_train.predict.hardware import load_profiles
 
     shipped = yaml.safe_load((REPO / "ladder_train/predict/hardware.yaml").read_text())["cpu"]
@@ -341,7 +424,7 @@ def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(
         place(tmp_path, f"{tp_tables.PREDICT_CPU}/run{i}/bench.jsonl", rows)
         folder = tmp_path / tp_tables.PREDICT_CPU / f"run{i}"
         (folder / "cpu.yaml").write_text(yaml.safe_dump({"cpu": profile}))
-        results, summary = compare(
+        results, summary = compare_with_bench(
             tp_tables.bench_rows(folder / "bench.jsonl"), load_profiles(folder / "cpu.yaml")["cpu"]
         )
         errors.append(100 * summary["decode"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ladder_train.report.docs_tables import main, remake, stale_tables
+from ladder_train.report.docs_tables import main, parse_command, remake, stale_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,6 +34,19 @@ def test_an_edited_number_in_a_table_is_caught_and_write_restores_it(tmp_path):
     assert results.read_text() == text and stale_tables(root) == []
 
 
+def test_the_command_takes_write_or_check_and_refuses_anything_else_in_one_line(capsys):
+    assert parse_command(["--write", "--root=docs_copy"]) == ("write", Path("docs_copy"))
+    assert parse_command(["--root", "docs_copy", "--check"]) == ("check", Path("docs_copy"))
+    capsys.readouterr()
+    assert main(["--check", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m ladder_train.report.docs_tables: error: unknown argument '--bogus' (see --help)\n"
+    for argv in ([], ["--write", "--check"], ["--check", "--root"]):  # nothing is written or checked
+        assert main(argv) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    assert main(["--help"]) == 0 and "--write" in capsys.readouterr().out
+
+
 def test_a_new_run_changes_the_table_it_feeds(tmp_path):
     """The table follows the data: dropping one run's folder turns its cell into 'not yet'."""
     root = _copy_docs(tmp_path)
@@ -58,8 +71,11 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
             overrides = [f"model.n_layers={layers}", f"run.seed={seed}"]
             fabricate_run(seeds, f"{layout}_{layers}_s{seed}", layout, base, overrides, summary={})
     table = make_table("study-seeds", tmp_path)
-    rows = {tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
-            for line in table.splitlines() if line.startswith("| validation")}  # fmt: skip
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:3]): [c.strip() for c in line.split("|")[3:-1]]
+        for line in table.splitlines()
+        if line.startswith("| validation")
+    }
     # ladder - standard: +0.1, +0.2 -> mean 0.15, sd 0.0707; t(0.975, 1) = 12.7062 -> half-width 0.6353
     assert rows[("validation loss (nats/token)", "ladder")][3:5] == ["+0.1500", "[-0.4853, +0.7853]"]
     assert "half-width 0.6353 ≥ 0.01" in rows[("validation loss (nats/token)", "ladder")][6]

@@ -298,7 +298,7 @@ def test_compare_arithmetic(tmp_path):
     rows = [bench_row("standard", 40.0, 1.0, 10.0), bench_row("ladder", 20.0, 2.0, 10.0)]
     path = tmp_path / "bench.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    results, summary = compare.compare(compare.bench_rows(str(path)), CPU)
+    results, summary = compare.compare_with_bench(compare.bench_rows(str(path)), CPU)
     shape = compare.shape_from_fields("L2-d256-h4-f512-v512", rows[0]["model_args"], True, "t")
     from ladder_train.predict.perfmodel import Emulated
 
@@ -428,8 +428,6 @@ def test_every_shipped_constant_says_its_origin():
 
     said = origins()
     for name, entry in _shipped_data().items():
-        if name == "cards":
-            continue
         needed = [k for k in (*ORIGIN_NEEDED["device"], "card") if k in entry]
         needed += [f"links.{ln}.{k}" for ln, link in entry["links"].items() for k in ORIGIN_NEEDED["link"] if k in link]
         assert [k for k in needed if k not in said[name]] == [], name
@@ -437,8 +435,11 @@ def test_every_shipped_constant_says_its_origin():
     # fixed ones are public figures
     h100 = said["h100"]
     for keys in paper_check.FREE_KEYS.values():
-        assert all(h100[k].startswith("fitted: set by hand with the paper's 70B table") or
-                   h100[k].startswith("fitted: nvlink's value") for k in keys), keys  # fmt: skip
+        assert all(
+            h100[k].startswith("fitted: set by hand with the paper's 70B table")
+            or h100[k].startswith("fitted: nvlink's value")
+            for k in keys
+        ), keys
     assert all(h100[k].split(":")[0] in ("spec", "measured") for k in paper_check.FIXED_KEYS)
     assert said["cpu"]["links.gloo.alpha_us"].startswith("fitted: ")  # the calibration's alpha-beta fit
 
@@ -465,9 +466,17 @@ def test_a_calibrated_profile_says_its_origins(tmp_path):
     from ladder_train.predict.calibrate import SIZES, profile_yaml
     from ladder_train.predict.hardware import origins
 
-    m = {"matmul_flops": 5e10, "gemv_bytes_s": 1e10, "op_s": 1e-5, "attention_s": 5e-4, "mlp_s": 1e-4, "step_s": 0.0,
-         "allreduce_s": [5e-4 + s / 1e9 for s in SIZES], "interference": 0.2,
-         "overlap_raw": {"allreduce_1mb_s": 2e-3, "work_alone_s": 1e-2, "work_with_allreduce_s": 1.1e-2}}  # fmt: skip
+    m = {
+        "matmul_flops": 5e10,
+        "gemv_bytes_s": 1e10,
+        "op_s": 1e-5,
+        "attention_s": 5e-4,
+        "mlp_s": 1e-4,
+        "step_s": 0.0,
+        "allreduce_s": [5e-4 + s / 1e9 for s in SIZES],
+        "interference": 0.2,
+        "overlap_raw": {"allreduce_1mb_s": 2e-3, "work_alone_s": 1e-2, "work_with_allreduce_s": 1.1e-2},
+    }
     path = tmp_path / "cpu.yaml"
     path.write_text(profile_yaml(m))
     said = origins(path)["cpu"]
@@ -498,7 +507,7 @@ def test_measured_block_overheads_replace_kernel_counts(tmp_path):
         load_profiles(bad)
 
 
-# GPU peaks by exact card: the one `cards` table of hardware.yaml that the profiles and the trainer's MFU read.
+# GPU peaks by exact card: the one table (gpu_cards.py) that the profiles and the trainer's MFU read.
 # Dense bf16 = the datasheets' with-sparsity figures halved (H100: 1,979 / 1,513 / 1,671 TF for SXM / PCIe / NVL).
 @pytest.mark.parametrize(
     "device_name, peak",
@@ -515,27 +524,26 @@ def test_measured_block_overheads_replace_kernel_counts(tmp_path):
     ],
 )
 def test_peak_flops_by_exact_card(device_name, peak):
-    from ladder_train.predict.hardware import peak_flops_for
+    from ladder_train.gpu_cards import peak_flops_for
 
     assert peak_flops_for(device_name) == pytest.approx(peak, rel=1e-12)
 
 
 @pytest.mark.parametrize("device_name", ["NVIDIA H100", "NVIDIA A10", "Tesla V100-SXM2-16GB", "NVIDIA L40S", ""])
 def test_unknown_card_has_no_peak_rather_than_another_cards(device_name):
-    from ladder_train.predict.hardware import peak_flops_for
+    from ladder_train.gpu_cards import peak_flops_for
 
     assert peak_flops_for(device_name) is None
 
 
 def test_gpu_profiles_take_their_peak_from_the_card_table(tmp_path):
-    from ladder_train.predict.hardware import shipped_cards
+    from ladder_train.gpu_cards import CARDS
 
-    cards = shipped_cards()
-    assert all(card.source and card.match for card in cards.values())  # every figure names its source
+    assert all(card.source and card.match for card in CARDS.values())  # every figure names its source
     devices = load_profiles()
-    assert devices["h100"].peak_flops == cards["h100_sxm"].peak_flops == pytest.approx(989.4e12)
-    assert devices["h200"].peak_flops == cards["h200"].peak_flops
-    assert devices["a100"].peak_flops == cards["a100"].peak_flops == pytest.approx(312e12)
+    assert devices["h100"].peak_flops == CARDS["h100_sxm"].peak_flops == pytest.approx(989.4e12)
+    assert devices["h200"].peak_flops == CARDS["h200"].peak_flops
+    assert devices["a100"].peak_flops == CARDS["a100"].peak_flops == pytest.approx(312e12)
     mine, link = tmp_path / "mine.yaml", "    fast: {alpha_us: 5, busbw_gbs: 10}\n"
     mine.write_text(yaml_profile(link).replace("peak_tflops: 1", "card: h100_pcie"))
     assert load_profiles(mine)["g"].peak_flops == pytest.approx(756e12)

@@ -7,9 +7,9 @@ import pytest
 from fabricate import fabricate_run
 from PIL import Image
 
-from ladder_train.bench.link_sweep import predicted_decode_ms
 from ladder_train.cli import ladder_report as main
 from ladder_train.report import write_report
+from ladder_train.report.link_sweep import predicted_decode_ms
 
 
 def fabricate_bench(path):

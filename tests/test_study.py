@@ -92,9 +92,18 @@ def test_a_bad_point_is_refused_before_any_run_starts(tmp_path, capsys):
 
 def _study_cmd(study: Path) -> list[str]:
     return [
-        sys.executable, "-m", "ladder_train.cli", "study", "--config", SMOKE, "model.residual=standard,ladder",
-        "train.max_steps=40", "train.log_every=10", "checkpoint.every=10", f"run.dir={study}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ladder_train.cli",
+        "study",
+        "--config",
+        SMOKE,
+        "model.residual=standard,ladder",
+        "train.max_steps=40",
+        "train.log_every=10",
+        "checkpoint.every=10",
+        f"run.dir={study}",
+    ]
 
 
 @pytest.mark.slow
@@ -268,8 +277,9 @@ def test_paired_validation_curves_hold_the_paired_interval_at_every_validation(s
     ladder = curves["ladder"]
     assert ladder.pairs == 3 and len(ladder.tokens) == len(base.runs[0].val) > 1
     assert all(m == pytest.approx(-0.2333, abs=1e-4) for m in ladder.means)
-    assert all(lo == pytest.approx(-0.6128, abs=1e-4) and hi == pytest.approx(0.1461, abs=1e-4)
-               for lo, hi in ladder.intervals)  # fmt: skip
+    assert all(
+        lo == pytest.approx(-0.6128, abs=1e-4) and hi == pytest.approx(0.1461, abs=1e-4) for lo, hi in ladder.intervals
+    )
     assert [round(d[-1], 4) for d in ladder.per_seed] == [-0.1, -0.2, -0.4]
 
 

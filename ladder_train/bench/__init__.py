@@ -1,3 +1,7 @@
-"""The speed benchmark of tensor-parallel generation (``ladder-bench``): ``runner`` measures, ``results`` derives,
-prints and reads back its JSON lines, ``link_sweep`` sets an emulated-link sweep beside the predictor's timeline.
+"""The speed benchmark of tensor-parallel generation (``ladder-bench``): ``options`` says what to measure,
+``runner`` measures, ``results`` derives and prints; the rows it writes are ``bench_schema.py``'s.
 ``torchrun --nproc-per-node N -m ladder_train.bench ...`` runs it on N ranks."""
+
+from .results import latency_note
+
+__all__ = ["latency_note"]

@@ -1,38 +1,12 @@
-"""ladder-bench's results: the JSON lines file they are appended to and read back from (``read_bench``, for
-ladder-report and ladder-predict --compare), the derived figures (speedups over standard: end-to-end, the
-paper's, and of the decode step; the no-communication ceiling, the communication share and the overlap
-efficiency) and the console table."""
+"""ladder-bench's results: the medians and distributions of the timed runs, the derived figures (speedups over
+standard: end-to-end, the paper's, and of the decode step; the no-communication ceiling, the communication share and
+the overlap efficiency) and the console table. The rows' fields and their file: ``bench_schema.py``."""
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 from pathlib import Path
-
-from ..errors import InputError
-
-
-def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
-    """The ladder-bench rows of a JSON lines file, each with ``_where`` (``FILE:LINE``) for messages. A missing
-    file, a line that is not JSON or a row without one of the keys ``need`` is an InputError of one line."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"benchmark results {path}: no such file")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{path}:{number}: not a JSON line ({err.msg})") from None
-        missing = [key for key in need if key not in row]
-        if missing:
-            raise InputError(f"{path}:{number}: missing key {missing[0]!r} (not a ladder-bench row?)")
-        row["_where"] = f"{path}:{number}"
-        rows.append(row)
-    return rows
 
 
 def cpu_model() -> str:
@@ -80,14 +54,6 @@ def summarize(samples: list[tuple[float, float, float]], batch: int, gen_len: in
         "tpot_ms": distribution([1e3 * t for t in decode]),
         "tokens_per_s_runs": distribution([batch * gen_len / t for t in total]),
     }
-
-
-def write_rows(rows: list[dict], path: str | Path) -> None:
-    """Append ``rows`` to a JSON lines file (its folder made if needed)."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
 
 
 def derive(rows: list[dict]) -> None:

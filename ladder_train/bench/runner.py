@@ -22,32 +22,28 @@ sleeps), so it needs ``--compile off``.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import verify_checkpoint
+from ..bench_schema import shape_name, write_rows
 from ..dtypes import resolve_dtype
-from ..errors import InputError
 from ..inference.generate import Generator
 from ..inference.tp import TPCommunicator, comm_mode_for, make_communicator
-from ..loading import load_tp_model, resolve_source
-from ..model import RESIDUAL_LAYOUTS, ModelArgs
-from ..model.tp_sharding import check_tp_degree
+from ..loading import load_tp_model
+from ..option_errors import OptionError
 from ..parallel import free_port, init_distributed
 from .module_times import module_times_ms, peak_memory
+from .options import COMPILED_WARMUP, BenchOptions, is_saved_model, measurements
 from .profiling import trace_generations
-from .results import cpu_model, derive, print_table, summarize, write_rows
+from .results import cpu_model, derive, print_table, summarize
 
 DEFAULT_RUNS = {True: 10, False: 3}  # timed runs per case: on a GPU, on the CPU
-COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
 RECORDED_ENV = (
     "NCCL_P2P_DISABLE",
     "NCCL_IB_DISABLE",
@@ -61,59 +57,7 @@ RECORDED_ENV = (
 )
 
 
-def measurements(opts: argparse.Namespace, tp: int) -> list[tuple[str, str]]:
-    """The (model source, layout) pairs to measure; validates everything before any process starts.
-
-    ``opts`` are ``cli/bench.py``'s flags, parsed: ``models`` and ``layouts`` lists of names,
-    ``batch_sizes`` positive integers, ``overrides`` the ModelArgs fields of ``--set``."""
-    layouts = opts.layouts
-    bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
-    if bad or not layouts:
-        raise InputError(f"--layouts {','.join(layouts)!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
-    if opts.gen_len < 2 or opts.prompt_len < 1 or (opts.runs is not None and opts.runs < 1) or opts.warmup < 0:
-        raise InputError("need --gen-len >= 2, --prompt-len >= 1, --runs >= 1, --warmup >= 0")
-    if opts.link_latency_ms < 0 or (opts.link_bandwidth_gbs is not None and opts.link_bandwidth_gbs <= 0):
-        raise InputError("--link-latency-ms must be >= 0 and --link-bandwidth-gbs > 0")
-    if opts.compile == "on" and emulated_link(opts):
-        raise InputError("the emulated link sleeps on the host and needs --compile off")
-    if emulated_link(opts) and torch.cuda.is_available():  # a host sleep does not delay the GPU's stream
-        raise InputError(
-            "--link-latency-ms / --link-bandwidth-gbs emulate a link on the CPU only (host sleeps do not delay a "
-            "GPU's stream): on a GPU the benchmark measures the real interconnect"
-        )
-    if opts.out and (Path(opts.out).is_dir() or any(p.exists() and not p.is_dir() for p in Path(opts.out).parents)):
-        raise InputError(f"--out {opts.out}: not a file path whose folders can be made")  # before any rank runs
-    if opts.profile and Path(opts.profile).exists() and not Path(opts.profile).is_dir():
-        raise InputError(f"--profile {opts.profile}: not a folder")
-    if opts.compile == "on" and opts.warmup < COMPILED_WARMUP:
-        raise InputError(
-            f"--compile on needs --warmup >= {COMPILED_WARMUP} (the first run compiles, the second records the CUDA graphs)"
-        )
-    pairs = []
-    for source in opts.models:
-        try:
-            found = resolve_source(source, **(opts.overrides if not _is_saved_model(source) else {}))
-            args, kind = found.args, found.kind
-            check_tp_degree(args, tp, source)
-            if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
-                verify_checkpoint(Path(source), no_dist=True)
-        except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
-            raise InputError(str(err)) from None
-        if opts.prompt_len + opts.gen_len > args.max_seq_len:
-            raise InputError(f"{source}: --prompt-len + --gen-len exceed max_seq_len={args.max_seq_len}")
-        pairs += [(source, layout) for layout in layouts] if kind == "preset" else [(source, args.residual)]
-    return pairs
-
-
-def emulated_link(opts: argparse.Namespace) -> bool:
-    return bool(opts.link_latency_ms or opts.link_bandwidth_gbs)
-
-
-def _is_saved_model(source: str) -> bool:
-    return os.path.isdir(source)
-
-
-def environment(device: torch.device, tp: int, opts: argparse.Namespace, compiled: bool, dtype) -> dict:
+def environment(device: torch.device, tp: int, options: BenchOptions, compiled: bool, dtype) -> dict:
     nccl = None
     if device.type == "cuda":
         version = torch.cuda.nccl.version()
@@ -129,10 +73,10 @@ def environment(device: torch.device, tp: int, opts: argparse.Namespace, compile
         "tp": tp,
         "dtype": str(dtype).removeprefix("torch."),
         "compiled": compiled,
-        "compile_backend": opts.compile_backend if compiled else None,
-        "emulated_link_latency_ms": opts.link_latency_ms,
-        "link_bandwidth_gbs": opts.link_bandwidth_gbs,
-        "link": "emulated serialised" if emulated_link(opts) else ("gloo" if device.type == "cpu" else "nccl"),
+        "compile_backend": options.compile_backend if compiled else None,
+        "emulated_link_latency_ms": options.link_latency_ms,
+        "link_bandwidth_gbs": options.link_bandwidth_gbs,
+        "link": "emulated serialised" if options.emulated_link else ("gloo" if device.type == "cpu" else "nccl"),
         "date": datetime.date.today().isoformat(),
         **_invocation(),
     }
@@ -178,33 +122,35 @@ def time_generation(
     return (marks["prefill"] - start, (end - marks["prefill"]) / (gen_len - 1), end - start), tokens
 
 
-def run_rank(opts: argparse.Namespace):
+def run_rank(options: BenchOptions):
     """One TP rank (the whole benchmark when TP = 1). Rank 0 prints and writes the results."""
     env = init_distributed(group_of_one=False)
     if env.device.type == "cpu":
         torch.set_num_threads(1 if env.world_size > 1 else torch.get_num_threads())
     dtype = resolve_dtype("auto", env.device)
     cuda = env.device.type == "cuda"
-    compiled = opts.compile == "on" or (opts.compile == "auto" and cuda and not emulated_link(opts))
-    if compiled and opts.warmup < COMPILED_WARMUP:  # --compile auto on a GPU: the warm-up a compiled run needs
-        opts = argparse.Namespace(**{**vars(opts), "warmup": COMPILED_WARMUP})
-    if opts.runs is None:  # enough runs for a p90 on a GPU; the CPU's runs are long
-        opts = argparse.Namespace(**{**vars(opts), "runs": DEFAULT_RUNS[env.device.type == "cuda"]})
+    compiled = options.compile == "on" or (options.compile == "auto" and cuda and not options.emulated_link)
+    if compiled and options.warmup < COMPILED_WARMUP:  # compile auto on a GPU: the warm-up a compiled run needs
+        options = dataclasses.replace(options, warmup=COMPILED_WARMUP)
+    if options.runs is None:  # enough runs for a p90 on a GPU; the CPU's runs are long
+        options = dataclasses.replace(options, runs=DEFAULT_RUNS[env.device.type == "cuda"])
     group = dist.group.WORLD if env.world_size > 1 else None
-    info = environment(env.device, env.world_size, opts, compiled, dtype)
+    info = environment(env.device, env.world_size, options, compiled, dtype)
     try:
-        entries = load_entries(opts, env.rank, env.world_size, env.device, dtype, group, compiled)
+        entries = load_entries(options, env.rank, env.world_size, env.device, dtype, group, compiled)
         if compiled:
-            cases = sum(len(comms) for *_, comms in entries) * len(opts.batch_sizes)
+            cases = sum(len(comms) for *_, comms in entries) * len(options.batch_sizes)
             allow_recompiles(cases)
             compiled_before = compilations()
         rows = []
-        for batch in opts.batch_sizes:
+        for batch in options.batch_sizes:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(env.device)
-            samples = measure_batch(opts, entries, batch, env.device, group)
+            samples = measure_batch(options, entries, batch, env.device, group)
             memory = peak_memory(env.device)
-            rows += [{**row, **info, **memory} for row in batch_rows(opts, entries, batch, samples, env.device, dtype)]
+            rows += [
+                {**row, **info, **memory} for row in batch_rows(options, entries, batch, samples, env.device, dtype)
+            ]
         if compiled:
             # prefill + decode graph per (model, communicator, batch size); more would be a recompile per step
             info["compilations"] = compilations() - compiled_before
@@ -214,75 +160,75 @@ def run_rank(opts: argparse.Namespace):
         if env.rank == 0:
             derive(rows)
             print_table(rows, info)
-            if opts.out:
-                write_rows(rows, opts.out)
-                print(f"results appended to {opts.out}")
+            if options.out:
+                write_rows(rows, options.out)
+                print(f"results appended to {options.out}")
     finally:
         if group is not None:
             dist.destroy_process_group()
 
 
-def load_entries(opts: argparse.Namespace, rank: int, world: int, device, dtype, group, compiled: bool) -> list:
+def load_entries(options: BenchOptions, rank: int, world: int, device, dtype, group, compiled: bool) -> list:
     """One sharded model per (source, layout), with its Generator and communicators (``real``, and ``none``
-    for the ceiling unless ``--no-ceiling``), measured in turn."""
+    for the ceiling unless ``options.ceiling`` is off), measured in turn."""
     entries = []
-    for source, layout in measurements(opts, world):
-        preset_overrides = {} if _is_saved_model(source) else {**opts.overrides, "residual": layout}
-        model = load_tp_model(source, rank, world, device, dtype, seed=opts.seed, **preset_overrides)
+    for source, layout in measurements(options, world):
+        preset_overrides = {} if is_saved_model(source) else {**options.overrides, "residual": layout}
+        model = load_tp_model(source, rank, world, device, dtype, seed=options.seed, **preset_overrides)
         comms = {"real": None}
         if group is not None:
-            link = (opts.link_latency_ms, opts.link_bandwidth_gbs)
+            link = (options.link_latency_ms, options.link_bandwidth_gbs)
             comms["real"] = make_communicator(comm_mode_for(layout), group, *link)
-            if not opts.no_ceiling:
+            if options.ceiling:
                 comms["none"] = TPCommunicator("none", group)
-        gen = Generator(model, group, compile=compiled, backend=opts.compile_backend)
+        gen = Generator(model, group, compile=compiled, backend=options.compile_backend)
         entries.append((source, layout, model, gen, comms))
     return entries
 
 
-def measure_batch(opts: argparse.Namespace, entries: list, batch: int, device, group) -> dict:
+def measure_batch(options: BenchOptions, entries: list, batch: int, device, group) -> dict:
     """The timed generations of one batch size: (entry index, comm name) -> samples of the measured runs."""
-    torch.manual_seed(opts.seed)
-    prompt = torch.randint(0, entries[0][2].args.vocab_size, (batch, opts.prompt_len), device=device)
+    torch.manual_seed(options.seed)
+    prompt = torch.randint(0, entries[0][2].args.vocab_size, (batch, options.prompt_len), device=device)
     samples = {}
     # round robin: every run index measures every layout and comm mode back to back, so slow drifts
     # of a shared machine hit all of them alike
     tokens = {}
-    for run in range(opts.warmup + opts.runs):
+    for run in range(options.warmup + options.runs):
         for index, (source, layout, model, gen, comms) in enumerate(entries):
             for comm_name, comm in comms.items():
                 if comm is not None:
                     model.set_communicator(comm)
                 before = graph_events()
-                sample_, tokens[index, comm_name] = time_generation(gen, prompt, opts.gen_len, group)
-                if run >= opts.warmup:
+                sample_, tokens[index, comm_name] = time_generation(gen, prompt, options.gen_len, group)
+                if run >= options.warmup:
                     if graph_events() != before:  # the run timed a compilation or a CUDA graph's recording
                         raise RuntimeError(
-                            f"ladder-bench: timed run {run - opts.warmup + 1} of {source} ({layout}, comm {comm_name}, "
+                            f"ladder-bench: timed run {run - options.warmup + 1} of {source} ({layout}, comm {comm_name}, "
                             f"batch {batch}) compiled or recorded a graph: the warm-up did not cover it"
                         )
                     samples.setdefault((index, comm_name), []).append(sample_)
     check_tokens_agree(tokens, group)
-    if opts.profile:  # one more, untimed generation of each case under the profiler
+    if options.profile:  # one more, untimed generation of each case under the profiler
         trace_generations(
-            opts.profile, entries, batch, device, lambda gen: time_generation(gen, prompt, opts.gen_len, group)
+            options.profile, entries, batch, device, lambda gen: time_generation(gen, prompt, options.gen_len, group)
         )
     for *_, gen, _ in entries:  # every model's cache lives through the batch size's runs (round robin)
         gen.release()
     return samples
 
 
-def batch_rows(opts: argparse.Namespace, entries: list, batch: int, samples: dict, device, dtype) -> list[dict]:
+def batch_rows(options: BenchOptions, entries: list, batch: int, samples: dict, device, dtype) -> list[dict]:
     """One result row per entry for this batch size: medians, the ceiling, module times, weight reads."""
     rows = []
     for index, (source, layout, model, _, comms) in enumerate(entries):
-        row = {"model": source, "shape": _shape(model.args), "layout": layout, "batch": batch}
+        row = {"model": source, "shape": shape_name(model.args), "layout": layout, "batch": batch}
         row["model_args"] = dataclasses.asdict(model.args)
-        row.update(prompt_len=opts.prompt_len, gen_len=opts.gen_len, runs=opts.runs, warmup=opts.warmup)
-        row.update(summarize(samples[(index, "real")], batch, opts.gen_len))
+        row.update(prompt_len=options.prompt_len, gen_len=options.gen_len, runs=options.runs, warmup=options.warmup)
+        row.update(summarize(samples[(index, "real")], batch, options.gen_len))
         if "none" in comms:
-            row["none"] = summarize(samples[(index, "none")], batch, opts.gen_len)
-        row["module_ms"] = module_times_ms(model, batch, opts.prompt_len, device, dtype)
+            row["none"] = summarize(samples[(index, "none")], batch, options.gen_len)
+        row["module_ms"] = module_times_ms(model, batch, options.prompt_len, device, dtype)
         # every decode step reads all of this rank's weights once (the tied head reads the embedding)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         row["weight_bytes_per_rank"] = weight_bytes
@@ -329,33 +275,31 @@ def check_tokens_agree(tokens: dict, group):
             raise RuntimeError(f"ladder-bench: TP ranks generated different tokens for model {index}")
 
 
-def _shape(args: ModelArgs) -> str:
-    return f"L{args.n_layers}-d{args.dim}-h{args.n_heads}-f{args.ffn_dim}-v{args.vocab_size}"
-
-
-def _spawned_rank(rank: int, opts: argparse.Namespace, world: int, port: int):
+def _spawned_rank(rank: int, options: BenchOptions, world: int, port: int):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
-    run_rank(opts)
+    run_rank(options)
 
 
-def run_benchmark(opts: argparse.Namespace) -> int:
-    """The benchmark on every rank: under torchrun this process is one of them; else ``opts.tp`` ranks are
+def run_benchmark(options: BenchOptions) -> int:
+    """The benchmark on every rank: under torchrun this process is one of them; else ``options.tp`` ranks are
     spawned here (none for TP = 1). Every bad input fails before a process starts."""
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("WORLD_SIZE" in os.environ and "RANK" in os.environ)
     if under_torchrun:
         world = int(os.environ["WORLD_SIZE"])
-        if opts.tp not in (None, world):
-            raise InputError(f"--tp {opts.tp} differs from the torchrun world size {world}")
-        measurements(opts, world)
-        run_rank(opts)
+        if options.tp not in (None, world):
+            raise OptionError(
+                "{tp} {given} differs from the torchrun world size {world}", given=options.tp, world=world
+            )
+        measurements(options, world)
+        run_rank(options)
         return 0
-    tp = opts.tp or 1
-    measurements(opts, tp)
+    tp = options.tp or 1
+    measurements(options, tp)
     if tp == 1:
-        run_rank(opts)
+        run_rank(options)
         return 0
     import torch.multiprocessing as mp
 
-    mp.spawn(_spawned_rank, args=(opts, tp, free_port()), nprocs=tp, join=True)
+    mp.spawn(_spawned_rank, args=(options, tp, free_port()), nprocs=tp, join=True)
     return 0

@@ -16,16 +16,24 @@ from __future__ import annotations
 import argparse
 
 from ..errors import InputError
+from ..option_errors import OptionError
+from ..predict.grid import PredictOptions
 from .args import Parser, int_list, model_overrides, names, non_negative_float, non_negative_int, positive_int
 
 PROG = "ladder-predict"
+DEFAULTS = PredictOptions()
+# the options the library's messages name (OptionError): the grid's, and calibrate's and validate's
+NAMED = ("model", "gpu", "link", "layouts", "prompt_len", "gen_len", "link_latency_ms", "link_bandwidth_gbs")
+NAMED += ("profile", "reps", "cases", "runs")
+FLAGS = {name: "--" + name.replace("_", "-") for name in NAMED} | {"overrides": "--set"}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The flags; ``options`` builds the grid's options from them (``--compare`` reads a few of them instead)."""
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--model",
-        default="llama-70b",
+        default=",".join(DEFAULTS.models),
         help="preset, llama-1b..llama-405b, or a config.json (file or folder); comma-separated",
     )
     p.add_argument(
@@ -39,12 +47,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="link(s) of the profile (nvlink, pcie = P2P disabled, gloo, emulated); default: its first",
     )
     p.add_argument(
-        "--tp", default="8", help="TP degree(s), comma-separated; above the GPUs of a node the inter-node link joins"
+        "--tp",
+        default=",".join(map(str, DEFAULTS.tps)),
+        help="TP degree(s), comma-separated; above the GPUs of a node the inter-node link joins",
     )
-    p.add_argument("--batch-sizes", default="1,4,16,64")
-    p.add_argument("--prompt-len", type=positive_int, default=1024)
-    p.add_argument("--gen-len", type=positive_int, default=512)
-    p.add_argument("--layouts", default="standard,parallel,ladder")
+    p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULTS.batch_sizes)))
+    p.add_argument("--prompt-len", type=positive_int, default=DEFAULTS.prompt_len)
+    p.add_argument("--gen-len", type=positive_int, default=DEFAULTS.gen_len)
+    p.add_argument("--layouts", default=",".join(DEFAULTS.layouts))
     p.add_argument(
         "--ladder-layers", type=non_negative_int, default=None, help="hybrid: only the last N layers are ladder"
     )
@@ -63,13 +73,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--compare", default=None, metavar="BENCH.jsonl", help="predict ladder-bench rows and report the errors"
     )
-    opts = p.parse_args(argv)
-    opts.models, opts.layouts = names(opts.model), names(opts.layouts)
-    opts.links = names(opts.link) if opts.link else None
-    opts.batch_sizes = int_list("--batch-sizes", opts.batch_sizes)
-    opts.tps = int_list("--tp", opts.tp)
-    opts.overrides = model_overrides(opts.set)
-    return opts
+    return p.parse_args(argv)
+
+
+def options(flags: argparse.Namespace) -> PredictOptions:
+    """The grid's options from the flags."""
+    return PredictOptions(
+        models=tuple(names(flags.model)),
+        gpus=tuple(names(flags.gpu)) if flags.gpu else DEFAULTS.gpus,
+        links=tuple(names(flags.link)) if flags.link else None,
+        batch_sizes=tuple(int_list("--batch-sizes", flags.batch_sizes)),
+        tps=tuple(int_list("--tp", flags.tp)),
+        prompt_len=flags.prompt_len,
+        gen_len=flags.gen_len,
+        layouts=tuple(names(flags.layouts)),
+        ladder_layers=flags.ladder_layers,
+        overrides=model_overrides(flags.set),
+        profile=flags.profile,
+        link_latency_ms=flags.link_latency_ms,
+        link_bandwidth_gbs=flags.link_bandwidth_gbs,
+    )
 
 
 def calibrate(argv: list[str]) -> int:
@@ -135,43 +158,48 @@ def paper(argv: list[str]) -> int:
     return 0
 
 
-def compare(opts: argparse.Namespace) -> int:
+def compare(flags: argparse.Namespace) -> int:
     """``ladder-predict --compare BENCH.jsonl``."""
-    from ..predict.compare import bench_rows, compare, print_compare
+    from ..predict.compare import bench_rows, compare_with_bench, print_compare
     from ..predict.grid import real_link
     from ..predict.hardware import load_profiles
 
-    devices = load_profiles(opts.profile)
-    gpu = opts.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
+    devices = load_profiles(flags.profile)
+    gpu = flags.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
     if gpu not in devices:
         raise InputError(f"--gpu {gpu!r}: no such profile (have {', '.join(devices)})")
-    bench = bench_rows(opts.compare)
-    link = real_link(devices[gpu], opts.link) if opts.link else None
-    results, summary = compare(bench, devices[gpu], link)
-    print_compare(results, summary, opts.compare, gpu)
+    bench = bench_rows(flags.compare)
+    link = real_link(devices[gpu], flags.link) if flags.link else None
+    results, summary = compare_with_bench(bench, devices[gpu], link)
+    print_compare(results, summary, flags.compare, gpu)
     return 0
+
+
+def predict(flags: argparse.Namespace, grid: PredictOptions) -> int:
+    """``ladder-predict``: the grid's predictions, printed and, asked for, appended to a file and plotted."""
+    from ..bench_schema import write_rows
+    from ..predict.grid import plot, prediction_rows, print_table
+
+    rows = prediction_rows(grid)
+    print_table(rows)
+    if flags.out:
+        write_rows(rows, flags.out)
+        print(f"predictions appended to {flags.out}")
+    if flags.plot:
+        plot(rows, flags.plot)
+        print(f"plot written to {flags.plot}")
+    return 0
+
+
+SUBCOMMANDS = {"calibrate": calibrate, "validate": validate, "paper": paper}
 
 
 def run(argv: list[str]) -> int:
-    if argv[:1] == ["calibrate"]:
-        return calibrate(argv[1:])
-    if argv[:1] == ["validate"]:
-        return validate(argv[1:])
-    if argv[:1] == ["paper"]:
-        return paper(argv[1:])
-    opts = parse_args(argv)
-    if opts.compare:
-        return compare(opts)
-    from ..bench.results import write_rows
-    from ..predict.grid import plot, prediction_rows, print_table
-
-    opts.gpus = names(opts.gpu or "h100")
-    rows = prediction_rows(opts)
-    print_table(rows)
-    if opts.out:
-        write_rows(rows, opts.out)
-        print(f"predictions appended to {opts.out}")
-    if opts.plot:
-        plot(rows, opts.plot)
-        print(f"plot written to {opts.plot}")
-    return 0
+    try:
+        if argv[:1] and argv[0] in SUBCOMMANDS:
+            return SUBCOMMANDS[argv[0]](argv[1:])
+        flags = parse_args(argv)
+        grid = options(flags)  # every flag is checked, with --compare too
+        return compare(flags) if flags.compare else predict(flags, grid)
+    except OptionError as err:
+        raise InputError(err.naming(FLAGS)) from None

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import InputError
+from ..option_errors import OptionError
 from ..report import __doc__ as REPORT_DOC
 from ..report import write_report
 from .args import Parser, new_output_folder
+
+FLAGS = {"baseline": "--baseline"}  # the option the library's messages name (OptionError)
 
 
 def run(argv: list[str]) -> int:
@@ -32,6 +36,9 @@ def run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if not args.runs and not args.bench:
         parser.error("give run folders, --bench files, or both")
-    report = write_report(args.runs, args.out, args.bench, args.baseline, args.resolution)
+    try:
+        report = write_report(args.runs, args.out, args.bench, args.baseline, args.resolution)
+    except OptionError as err:
+        raise InputError(err.naming(FLAGS)) from None
     print(f"report written to {report}")
     return 0

@@ -4,3 +4,10 @@
 (measure this machine's ``cpu`` profile), ``validation`` (calibrate, bench and compare in one run) and
 ``paper_check`` (the paper's 70B table, in and out of sample).
 ``python -m ladder_train.predict`` is ``ladder-predict``."""
+
+from .compare import bench_rows, compare_with_bench
+from .hardware import load_profiles
+from .perfmodel import simulate, step_ops
+from .shapes import shape_from_fields
+
+__all__ = ["bench_rows", "compare_with_bench", "load_profiles", "shape_from_fields", "simulate", "step_ops"]

@@ -21,7 +21,7 @@ import platform
 import statistics
 import time
 
-from ..errors import InputError
+from ..option_errors import OptionError
 
 PROG = "ladder-predict calibrate"
 SIZES = (1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22)  # all-reduce bytes for the alpha-beta fit
@@ -212,7 +212,7 @@ cpu:
 def calibrate(out: str, reps: int = 5) -> None:
     """Measure this machine and write its ``cpu`` profile to ``out`` (also printed)."""
     if reps < 1:
-        raise InputError(f"--reps must be >= 1, got {reps}")
+        raise OptionError("{reps} must be >= 1, got {given}", given=reps)
     start = time.perf_counter()
     text = profile_yaml(measure(reps))
     with open(out, "w") as f:

@@ -7,12 +7,13 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from ..bench.results import read_bench
+from ..bench_schema import WHERE, read_bench
 from ..errors import InputError
 from ..model.transformer import RESIDUAL_LAYOUTS
 from .perfmodel import Emulated, predict_rows
 from .shapes import shape_from_fields
 
+# the fields of a ladder-bench row (bench_schema.FIELDS) a prediction needs, beside model_args
 BENCH_KEYS = ("layout", "batch", "prompt_len", "gen_len", "decode_ms_per_token", "tp")
 
 
@@ -22,7 +23,7 @@ def bench_rows(path: str | Path) -> list[dict]:
     for row in rows:
         if not isinstance(row.get("model_args"), dict):
             raise InputError(
-                f"{row['_where']}: no model_args in the row: rerun ladder-bench with a version that records them"
+                f"{row[WHERE]}: no model_args in the row: rerun ladder-bench with a version that records them"
             )
     if not rows:
         raise InputError(f"{path}: no rows")
@@ -33,18 +34,18 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else pred / meas - 1
 
 
-def compare(bench: list[dict], device, link: str | None = None) -> tuple[list[dict], dict]:
+def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tuple[list[dict], dict]:
     """Predict each bench row on ``device`` (its link unless ``link``; emulated where the row was) and the
     relative errors pred / measured - 1. Returns the per-row results and the mean absolute errors."""
     cache: dict[tuple, dict] = {}
     out = []
     # every row's shape and layout is checked before any prediction
     shapes = [
-        shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r["_where"]) for r in bench
+        shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r[WHERE]) for r in bench
     ]
     for row in bench:
         if row["layout"] not in RESIDUAL_LAYOUTS:
-            raise InputError(f"{row['_where']}: layout {row['layout']!r} is not one of {', '.join(RESIDUAL_LAYOUTS)}")
+            raise InputError(f"{row[WHERE]}: layout {row['layout']!r} is not one of {', '.join(RESIDUAL_LAYOUTS)}")
     for row, shape in zip(bench, shapes, strict=True):
         x = row.get("emulated_link_latency_ms") or 0.0
         bw = row.get("link_bandwidth_gbs")

@@ -1,30 +1,53 @@
 """``ladder-predict``'s grid: PREDICTED prefill time, decode time per token and tokens/s of the standard,
 parallel and ladder layouts and of the no-communication ceiling under tensor parallelism, for every model, profile,
 link and TP degree asked, from the performance model (``perfmodel.py``) and a hardware profile (``hardware.yaml``).
-Nothing here is measured. Its flags: ``cli/predict.py``."""
+Nothing here is measured. ``cli/predict.py`` builds its options from the flags."""
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass, field
 
-from ..errors import InputError
 from ..model.transformer import RESIDUAL_LAYOUTS
+from ..option_errors import OptionError
 from .hardware import load_profiles
 from .perfmodel import Emulated, predict_rows
 from .shapes import resolve_shape
 
 
-def emulated_link(opts: argparse.Namespace, link: str) -> Emulated | None:
+@dataclass(frozen=True)
+class PredictOptions:
+    """What to predict: ``models`` (presets, ``llama-*`` names or config.json paths), ``gpus`` (profile names),
+    ``links`` (a profile's links or ``emulated``; None: each profile's first), ``tps``, ``batch_sizes`` and
+    ``layouts``; ``ladder_layers``: a hybrid, only the last N layers ladder; ``overrides``: shape fields to replace;
+    ``profile``: a YAML file of profiles added to the shipped ones; ``link_latency_ms`` / ``link_bandwidth_gbs``:
+    the emulated link's X and B (ladder-bench's)."""
+
+    models: tuple[str, ...] = ("llama-70b",)
+    gpus: tuple[str, ...] = ("h100",)
+    links: tuple[str, ...] | None = None
+    tps: tuple[int, ...] = (8,)
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    prompt_len: int = 1024
+    gen_len: int = 512
+    layouts: tuple[str, ...] = RESIDUAL_LAYOUTS
+    ladder_layers: int | None = None
+    overrides: dict = field(default_factory=dict)
+    profile: str | None = None
+    link_latency_ms: float | None = None
+    link_bandwidth_gbs: float | None = None
+
+
+def emulated_link(options: PredictOptions, link: str) -> Emulated | None:
+    latency, bandwidth = options.link_latency_ms, options.link_bandwidth_gbs
     if link != "emulated":
-        if opts.link_latency_ms is not None or opts.link_bandwidth_gbs is not None:
-            raise InputError("--link-latency-ms / --link-bandwidth-gbs need --link emulated")
+        if latency is not None or bandwidth is not None:
+            raise OptionError("{link_latency_ms} / {link_bandwidth_gbs} need {link} emulated")
         return None
-    if opts.link_latency_ms is None or opts.link_latency_ms < 0:
-        raise InputError("--link emulated needs --link-latency-ms X >= 0 (ladder-bench's emulated latency)")
-    if opts.link_bandwidth_gbs is not None and opts.link_bandwidth_gbs <= 0:
-        raise InputError(f"--link-bandwidth-gbs must be positive, got {opts.link_bandwidth_gbs}")
-    bandwidth = opts.link_bandwidth_gbs * 1e9 if opts.link_bandwidth_gbs else None
-    return Emulated(opts.link_latency_ms / 1e3, bandwidth)
+    if latency is None or latency < 0:
+        raise OptionError("{link} emulated needs {link_latency_ms} X >= 0 (ladder-bench's emulated latency)")
+    if bandwidth is not None and bandwidth <= 0:
+        raise OptionError("{link_bandwidth_gbs} must be positive, got {given}", given=bandwidth)
+    return Emulated(latency / 1e3, bandwidth * 1e9 if bandwidth else None)
 
 
 def real_link(device, link: str) -> str:
@@ -34,43 +57,43 @@ def real_link(device, link: str) -> str:
     return "gloo" if "gloo" in device.links else next(iter(device.links))
 
 
-def prediction_grid(opts: argparse.Namespace) -> list[tuple]:
-    """Every (shape, device, link, tp, emulated link) to predict; all input is checked here, before any work.
-
-    ``opts`` are ``cli/predict.py``'s flags, parsed: ``models``, ``gpus``, ``links`` (None: each profile's
-    first) and ``layouts`` lists of names, ``tps`` and ``batch_sizes`` positive integers, ``overrides`` the
-    ModelArgs fields of ``--set``."""
-    devices = load_profiles(opts.profile)
-    layouts = opts.layouts
-    bad = [v for v in layouts if v not in RESIDUAL_LAYOUTS]
-    if bad or not layouts:
-        raise InputError(f"--layouts {','.join(layouts)!r}: each must be one of {', '.join(RESIDUAL_LAYOUTS)}")
-    if opts.prompt_len < 1 or opts.gen_len < 2:
-        raise InputError("need --prompt-len >= 1 and --gen-len >= 2")
+def prediction_grid(options: PredictOptions) -> list[tuple]:
+    """Every (shape, device, link, tp, emulated link) to predict; all input is checked here, before any work."""
+    devices = load_profiles(options.profile)
+    layouts = options.layouts
+    if not layouts or any(v not in RESIDUAL_LAYOUTS for v in layouts):
+        raise OptionError(
+            "{layouts} {given!r}: each must be one of {known}",
+            given=",".join(layouts),
+            known=", ".join(RESIDUAL_LAYOUTS),
+        )
+    if options.prompt_len < 1 or options.gen_len < 2:
+        raise OptionError("need {prompt_len} >= 1 and {gen_len} >= 2")
     jobs = []
-    for gpu in opts.gpus:
+    for gpu in options.gpus:
         if gpu not in devices:
-            raise InputError(f"--gpu {gpu!r}: no such profile (have {', '.join(devices)})")
+            raise OptionError("{gpu} {name!r}: no such profile (have {known})", name=gpu, known=", ".join(devices))
         device = devices[gpu]
-        for link in opts.links or [next(iter(device.links))]:
-            emulated = emulated_link(opts, link)
+        for link in options.links or [next(iter(device.links))]:
+            emulated = emulated_link(options, link)
             if real_link(device, link) not in device.links:
-                raise InputError(f"--link {link!r}: profile {gpu} has {', '.join(device.links)} (or emulated)")
-            for model in opts.models:
-                shape = resolve_shape(model, opts.ladder_layers, opts.overrides)
-                for tp in opts.tps:
+                have = ", ".join(device.links)
+                raise OptionError(
+                    "{link} {name!r}: profile {gpu_name} has {have} (or emulated)", name=link, gpu_name=gpu, have=have
+                )
+            for model in options.models:
+                shape = resolve_shape(model, options.ladder_layers, options.overrides)
+                for tp in options.tps:
                     jobs.append((shape, device, link, tp, emulated))
     return jobs
 
 
-def prediction_rows(opts: argparse.Namespace) -> list[dict]:
+def prediction_rows(options: PredictOptions) -> list[dict]:
     """One predicted row per point of the grid, batch size and layout (and the ceiling)."""
     rows = []
-    for shape, device, link, tp, emulated in prediction_grid(opts):
-        for row in predict_rows(
-            shape, device, real_link(device, link), tp, opts.batch_sizes, opts.prompt_len, opts.gen_len, emulated,
-            opts.layouts,
-        ):  # fmt: skip
+    for shape, device, link, tp, emulated in prediction_grid(options):
+        setting = (options.batch_sizes, options.prompt_len, options.gen_len, emulated, options.layouts)
+        for row in predict_rows(shape, device, real_link(device, link), tp, *setting):
             row["link"] = link
             rows.append(row)
     return rows

@@ -1,7 +1,7 @@
 """Hardware profiles for ``ladder-predict``: read and check ``hardware.yaml`` (shipped) or a user's file.
 
-A profile names a device's peak compute (``peak_tflops``, or ``card``: a card of the shipped ``cards`` table,
-the dense bf16 peaks by GPU card that the trainer's MFU reads too) and memory bandwidth, the efficiencies
+A profile names a device's peak compute (``peak_tflops``, or ``card``: a card of ``gpu_cards.py``'s table, the
+dense bf16 peaks by GPU card that the trainer's MFU reads too) and memory bandwidth, the efficiencies
 assumed for them, a fixed cost per kernel, the dtype, and its links. Any key it does not know, any missing
 key, any value that is not a positive number is refused with one line naming the file, the profile and the key.
 
@@ -13,18 +13,17 @@ of the shipped file has one (``ORIGIN_NEEDED``; ``origins`` lists them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
 from ..errors import InputError
+from ..gpu_cards import CARDS
+from ..option_errors import OptionError
 from .perfmodel import Device, Link
 
 SHIPPED = "hardware.yaml"
-CARDS = "cards"  # the shipped file's table of GPU peaks, not a profile
 
 # key -> (required, kind); kind "pos" = positive number, "frac" = in [0, 1], "bool", "str", "int"
 DEVICE_KEYS = {
@@ -55,27 +54,24 @@ LINK_KEYS = {
     "description": (False, "str"),
     "origin": (False, "origin"),
 }
-CARD_KEYS = {"match": (True, "strs"), "peak_tflops": (True, "pos"), "source": (True, "str")}
 ALGORITHMS = ("ring", "one_shot", "auto")
 # what an origin may say: a public specification (which), a measurement (what, where), fitted (to what data), or
 # assumed (no data behind the value: what it rests on)
 ORIGIN_KINDS = ("spec", "measured", "fitted", "assumed")
 # the constants that must say their origin in the shipped file (the rest are settings: dtype, compiled, names)
 ORIGIN_NEEDED = {
-    "device": ("peak_tflops", "mem_bw_gbs", "compute_eff", "mem_eff", "kernel_us", "attention_overhead_us",
-               "mlp_overhead_us", "step_overhead_us"),
+    "device": (
+        "peak_tflops",
+        "mem_bw_gbs",
+        "compute_eff",
+        "mem_eff",
+        "kernel_us",
+        "attention_overhead_us",
+        "mlp_overhead_us",
+        "step_overhead_us",
+    ),
     "link": ("alpha_us", "busbw_gbs", "link_gbs", "interference"),
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Card:
-    """A GPU card of the ``cards`` table: the substrings of its device name, its dense bf16 peak and its source."""
-
-    name: str
-    match: tuple[str, ...]
-    peak_flops: float
-    source: str
+}
 
 
 def _check(value, kind: str, where: str):
@@ -87,7 +83,6 @@ def _check(value, kind: str, where: str):
         "bool": isinstance(value, bool),
         "str": isinstance(value, str),
         "map": isinstance(value, dict) and bool(value),
-        "strs": isinstance(value, list) and bool(value) and all(isinstance(v, str) and v for v in value),
         "origin": isinstance(value, dict),
     }[kind]
     if not ok:
@@ -99,7 +94,6 @@ def _check(value, kind: str, where: str):
             "bool": "true or false",
             "str": "a string",
             "map": "a non-empty mapping",
-            "strs": "a non-empty list of non-empty strings",
             "origin": "a mapping of this entry's keys to where each comes from",
         }
         raise InputError(f"{where} must be {need[kind]}, got {value!r}")
@@ -124,63 +118,27 @@ def _keys(entry, spec: dict, where: str):
             raise InputError(f"{where}.origin.{key} must be 'KIND: where from', KIND one of {kinds}; got {text!r}")
 
 
-def parse_cards(data, origin: str) -> dict[str, Card]:
-    """The ``cards`` table: card name -> Card."""
-    if not isinstance(data, dict) or not data:
-        raise InputError(f"{origin}: {CARDS}: expected a mapping of card names to cards")
-    cards = {}
-    for name, entry in data.items():
-        _keys(entry, CARD_KEYS, f"{origin}: {CARDS}.{name}")
-        cards[name] = Card(name, tuple(entry["match"]), entry["peak_tflops"] * 1e12, entry["source"])
-    return cards
-
-
-@lru_cache(maxsize=1)
-def shipped_cards() -> dict[str, Card]:
-    return parse_cards(_shipped_data()[CARDS], SHIPPED)
-
-
 def _shipped_data() -> dict:
     data = yaml.safe_load(resources.files("ladder_train.predict").joinpath(SHIPPED).read_text())
     return data if isinstance(data, dict) else {}
 
 
-def card_for(device_name: str) -> Card | None:
-    """The card whose longest ``match`` substring occurs in ``device_name`` (case-insensitive; the most specific
-    wins: "H200 NVL" over "H200"), or None: an unknown card never borrows another card's figure."""
-    name = device_name.casefold()
-    found = [(len(m), card) for card in shipped_cards().values() for m in card.match if m.casefold() in name]
-    return max(found, key=lambda hit: hit[0])[1] if found else None
-
-
-def peak_flops_for(device_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of the card ``torch.cuda.get_device_name()`` calls ``device_name``, or None."""
-    card = card_for(device_name)
-    return card.peak_flops if card else None
-
-
 def _peak_flops(entry: dict, where: str) -> float:
     if ("card" in entry) == ("peak_tflops" in entry):
-        raise InputError(f"{where}.peak_tflops: give either peak_tflops or card (a card of {SHIPPED}'s {CARDS})")
+        raise InputError(f"{where}.peak_tflops: give either peak_tflops or card (a card of gpu_cards.py's table)")
     if "peak_tflops" in entry:
         return entry["peak_tflops"] * 1e12
-    cards = shipped_cards()
-    if entry["card"] not in cards:
-        raise InputError(f"{where}.card: unknown card {entry['card']!r} (known: {', '.join(cards)})")
-    return cards[entry["card"]].peak_flops
+    if entry["card"] not in CARDS:
+        raise InputError(f"{where}.card: unknown card {entry['card']!r} (known: {', '.join(CARDS)})")
+    return CARDS[entry["card"]].peak_flops
 
 
-def parse_profiles(data, origin: str, shipped: bool = False) -> dict[str, Device]:
-    """Devices by name from a loaded YAML mapping; ``origin`` (the file) starts every error. The shipped file's
-    ``cards`` table is skipped (``shipped_cards`` reads it); no other file may define one."""
+def parse_profiles(data, origin: str) -> dict[str, Device]:
+    """Devices by name from a loaded YAML mapping; ``origin`` (the file) starts every error."""
     if not isinstance(data, dict) or not data:
         raise InputError(f"{origin}: expected a mapping of profile names to profiles")
-    if CARDS in data and not shipped:
-        raise InputError(f"{origin}: {CARDS}: only the shipped {SHIPPED} defines cards (name one with card: NAME)")
     devices = {}
     for name, entry in data.items():
-        if name == CARDS:
-            continue
         where = f"{origin}: {name}"
         _keys(entry, DEVICE_KEYS, where)
         peak = _peak_flops(entry, where)
@@ -232,11 +190,11 @@ def _overheads(entry: dict, where: str) -> dict[str, float] | None:
 
 def load_profiles(path: str | Path | None = None) -> dict[str, Device]:
     """The shipped profiles, with those of ``path`` (a user's file) added or replacing same-named ones."""
-    devices = parse_profiles(_shipped_data(), SHIPPED, shipped=True)
+    devices = parse_profiles(_shipped_data(), SHIPPED)
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise InputError(f"--profile {path}: no such file")
+            raise OptionError("{profile} {path}: no such file", path=path)
         try:
             data = yaml.safe_load(path.read_text())
         except yaml.YAMLError as err:
@@ -255,8 +213,6 @@ def origins(path: str | Path | None = None) -> dict[str, dict[str, str]]:
         data = yaml.safe_load(Path(path).read_text())
     found = {}
     for name, entry in data.items():
-        if name == CARDS:
-            continue
         found[name] = dict(entry.get("origin", {}))
         for link_name, link in entry["links"].items():
             found[name].update({f"links.{link_name}.{k}": v for k, v in link.get("origin", {}).items()})

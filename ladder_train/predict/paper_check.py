@@ -224,9 +224,18 @@ def check(device: Device) -> dict:
     records = []
     for c, p, h in zip(cells, shipped, held, strict=True):
         records.append(
-            {"quantity": c.quantity, "setting": c.setting, "link": c.link, "batch": c.batch, "paper": c.paper,
-             "predicted": p, "error": p / c.paper - 1, "out_of_sample": h, "out_of_sample_error": h / c.paper - 1}
-        )  # fmt: skip
+            {
+                "quantity": c.quantity,
+                "setting": c.setting,
+                "link": c.link,
+                "batch": c.batch,
+                "paper": c.paper,
+                "predicted": p,
+                "error": p / c.paper - 1,
+                "out_of_sample": h,
+                "out_of_sample_error": h / c.paper - 1,
+            }
+        )
     result = {
         "what": "ladder-predict against the paper's inference table (Llama 70B inferred, TP 8, one H100 node, "
         "prompt 1024, 512 new tokens): paper = ladder_train/paper.py INFERENCE_TP8_70B; every other figure is "
@@ -247,14 +256,27 @@ def check(device: Device) -> dict:
 
 
 def _table(records: list[dict], s: dict, name: str) -> dict:
-    header = ["the paper's row", "batch", "paper", f"predicted ({name} profile)", "error", "predicted, out of sample",
-              "error"]  # fmt: skip
+    header = [
+        "the paper's row",
+        "batch",
+        "paper",
+        f"predicted ({name} profile)",
+        "error",
+        "predicted, out of sample",
+        "error",
+    ]
     rows = [
-        [f"{r['quantity']}, {r['setting']}", str(r["batch"]), _figure(r["quantity"], r["paper"]),
-         _figure(r["quantity"], r["predicted"]), f"{100 * r['error']:+.1f} %",
-         _figure(r["quantity"], r["out_of_sample"]), f"{100 * r['out_of_sample_error']:+.1f} %"]
+        [
+            f"{r['quantity']}, {r['setting']}",
+            str(r["batch"]),
+            _figure(r["quantity"], r["paper"]),
+            _figure(r["quantity"], r["predicted"]),
+            f"{100 * r['error']:+.1f} %",
+            _figure(r["quantity"], r["out_of_sample"]),
+            f"{100 * r['out_of_sample_error']:+.1f} %",
+        ]
         for r in records
-    ]  # fmt: skip
+    ]
     note = (
         f"Error = predicted / paper - 1. **The {name} profile as given**: absolute error "
         f"{_in_words(s['profile'])}; for the shipped h100 profile all 16 cells are in-sample (its hand-set "

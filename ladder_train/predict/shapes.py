@@ -1,18 +1,19 @@
 """Model shapes for ``ladder-predict``: the project's presets (tied head), the Llama shapes of the paper's
-size sweep (untied head) and any Hugging Face ``config.json``, each a ``ModelArgs`` with a name. Kept here, apart
-from ``model/presets.py``: the predictor needs only the sizes, and most of these shapes are never trained by this
-project."""
+size sweep (untied head) and a Hugging Face Llama ``config.json`` (read by ``model/hf_format.py``), each a
+``ModelArgs`` with a name. Kept here, apart from ``model/presets.py``: the predictor needs only the sizes, and most
+of these shapes are never trained by this project."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from ..model.hf_format import HF_SIZE_KEYS
+from ..model.hf_format import args_from_hf_config
 from ..model.transformer import ModelArgs
+from ..model.validate import read_json_object
+from ..option_errors import OptionError
 
 # The paper's size sweep, Llama architecture: untied output head, vocabulary 128256 unless given.
 LLAMA_SHAPES: dict[str, dict] = {
@@ -80,14 +81,16 @@ SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_si
 
 def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict | None = None) -> Shape:
     """A preset of ``ladder_train.model.presets`` (tied head), a ``llama-*`` name (untied), or a path to a
-    Hugging Face ``config.json`` or its folder (read as JSON only; ``tie_word_embeddings`` as given).
-    ``overrides``: shape fields to replace (as ladder-bench's ``--set``)."""
+    Hugging Face ``config.json`` or its folder (``tie_word_embeddings`` as given). ``overrides``: shape fields to
+    replace (as ladder-bench's)."""
     from ..model.presets import PRESETS
 
     extra = {k: v for k, v in (overrides or {}).items() if k not in TIME_NEUTRAL}
     for key in extra:
         if key not in SHAPE_FIELDS:
-            raise InputError(f"--set {key}: not a shape field (one of {', '.join(SHAPE_FIELDS)})")
+            raise OptionError(
+                "{overrides} {key}: not a shape field (one of {known})", key=key, known=", ".join(SHAPE_FIELDS)
+            )
     if ladder_layers is not None:
         extra["ladder_layers"] = ladder_layers
     name = source
@@ -101,21 +104,25 @@ def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
-        names = ", ".join([*PRESETS, *LLAMA_SHAPES])
-        raise InputError(f"--model {source!r}: neither a known shape ({names}) nor a config.json file or folder")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise InputError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    fields = {ours: config.get(theirs) for theirs, ours in HF_SIZE_KEYS.items()}
-    for theirs, ours in HF_SIZE_KEYS.items():
-        if ours != "n_kv_heads" and fields[ours] is None:
-            raise InputError(f"{path}: missing key {theirs}")
-    fields["ladder_layers"] = config.get("ladder_layers") if config.get("residual") == "ladder" else None
-    fields.update(extra)
+        known = ", ".join([*PRESETS, *LLAMA_SHAPES])
+        raise OptionError(
+            "{model} {source!r}: neither a known shape ({known}) nor a config.json file or folder",
+            source=source,
+            known=known,
+        )
+    args = _hf_args(path)
+    fields = {key: getattr(args, key) for key in SHAPE_FIELDS}
+    fields["ladder_layers"] = args.ladder_layers if args.residual == "ladder" else None
     label = path.parent.name or str(path)
-    return shape_from_fields(
-        label + name[len(source) :], fields, bool(config.get("tie_word_embeddings", False)), str(path)
-    )
+    return shape_from_fields(label + name[len(source) :], {**fields, **extra}, args.tie_embeddings, str(path))
+
+
+def _hf_args(path: Path) -> ModelArgs:
+    """The ModelArgs of a config.json, or an InputError of one line naming the file."""
+    config = read_json_object(path)
+    try:
+        return args_from_hf_config(config)
+    except KeyError as err:
+        raise InputError(f"{path}: missing key {err.args[0]}") from None
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, RunFailed
+from ..option_errors import OptionError
 
 PROG = "ladder-predict validate"
 
@@ -27,22 +28,30 @@ CASES = {
 
 
 def bench_command(fields: str, batch: int, prompt: int, gen: int, x_ms: float, runs: int, out: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "ladder_train.bench", "--model", "tiny", "--set", *fields.split(),
-        "max_seq_len=64", "--tp", "2", "--batch-sizes", str(batch), "--prompt-len", str(prompt), "--gen-len",
-        str(gen), "--runs", str(runs), "--warmup", "1", "--compile", "off", "--link-latency-ms", str(x_ms),
-        "--out", str(out),
-    ]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "ladder_train.bench",
+        "--model",
+        "tiny",
+        "--set",
+        *fields.split(),
+        "max_seq_len=64",
+    ]
+    command += ["--tp", "2", "--batch-sizes", str(batch), "--prompt-len", str(prompt), "--gen-len", str(gen)]
+    command += ["--runs", str(runs), "--warmup", "1", "--compile", "off", "--link-latency-ms", str(x_ms)]
+    return [*command, "--out", str(out)]
 
 
-def validate(out_dir: str, runs: int = 3, cases: list[str] | None = None, *, calibrate_now: bool = True,
-             bench_now: bool = True) -> None:  # fmt: skip
+def validate(
+    out_dir: str, runs: int = 3, cases: list[str] | None = None, *, calibrate_now: bool = True, bench_now: bool = True
+) -> None:
     """Calibrate into OUT_DIR/cpu.yaml, run ladder-bench into OUT_DIR/bench.jsonl, compare into compare.txt;
     ``calibrate_now`` / ``bench_now`` False reuse the file of an earlier run."""
     cases = list(CASES) if cases is None else cases
     bad = [c for c in cases if c not in CASES]
     if bad or not cases or runs < 1:
-        raise InputError(f"--cases must name some of {', '.join(CASES)} and --runs be >= 1")
+        raise OptionError("{cases} must name some of {known} and {runs} be >= 1", known=", ".join(CASES))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     profile, bench = out / "cpu.yaml", out / "bench.jsonl"
@@ -60,10 +69,8 @@ def validate(out_dir: str, runs: int = 3, cases: list[str] | None = None, *, cal
         for x in (0, *xs):
             print(f"\n{PROG}: {name}, X = {x} ms", flush=True)
             subprocess.run(bench_command(fields, batch, prompt, gen, x, runs, bench), check=True)
-    result = subprocess.run(
-        [sys.executable, "-m", "ladder_train.predict", "--compare", str(bench), "--profile", str(profile)],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    compare = [sys.executable, "-m", "ladder_train.predict", "--compare", str(bench), "--profile", str(profile)]
+    result = subprocess.run(compare, capture_output=True, text=True)
     if result.returncode:
         raise RunFailed(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compare failed")
     (out / "compare.txt").write_text(result.stdout)

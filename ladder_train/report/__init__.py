@@ -4,19 +4,19 @@ Reads each run's ``config.yaml``, ``metrics.jsonl`` and newest ``eval/step-N.jso
 benchmark's JSON lines, and writes ``DIR/report.md`` with a table in the manner of the paper's Table 3
 and PNG plots (matplotlib): loss against tokens, learning rate, and TP decode tokens/s per batch size
 with the no-communication ceiling. Runs that repeat one config under several seeds are also grouped
-(``study/groups.py``): mean ± sd per group and the difference to the first group with its uncertainty. A study
+(the ``study`` package): mean ± sd per group and the difference to the first group with its uncertainty. A study
 (``ladder-train study``; give its folder) adds each layout's learning-rate curve and best rate, and the paired
-differences to the baseline with 95 % intervals (``study/analysis.py``), also over training as a plot.
+differences to the baseline with 95 % intervals, also over training as a plot.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..bench.results import read_bench
+from ..bench_schema import read_bench
 from ..config import ConfigError
-from ..study import analysis
-from ..study import groups as seed_groups
+from ..option_errors import OptionError
+from ..study import Group, default_baseline, group_runs, seeded, sweeps
 from .bench import bench_section
 from .runs import Run, read_run
 from .study import comparison_section, plot_paired_validation, seeds_section, sweep_section
@@ -78,25 +78,32 @@ def write_report(
 
 
 def _study_sections(runs: list[Run], out: Path, baseline: str | None, resolution: float | None) -> list[str]:
-    groups = seed_groups.group_runs(runs)
+    groups = group_runs(runs)
     lines = []
-    sweeps = analysis.sweeps(groups)
-    if sweeps:
-        lines += ["## Learning-rate sweep", "", *sweep_section(sweeps, out), ""]
-    repeated = analysis.seeded(groups)
+    lr_sweeps = sweeps(groups)
+    if lr_sweeps:
+        lines += ["## Learning-rate sweep", "", *sweep_section(lr_sweeps, out), ""]
+    repeated = seeded(groups)
     if repeated:
         lines += ["## Seeds", "", *seeds_section(groups, out), ""]
         # labelled among themselves: what tells the compared groups apart, not the sweep's runs
-        seeded = seed_groups.group_runs([run for group in repeated for run in group.runs])
-        base = analysis.default_baseline(seeded)
-        if baseline is not None:
-            matches = [group for group in seeded if group.label == baseline]
-            if not matches:
-                raise ConfigError(f"--baseline {baseline!r}: no group of seeds has that label; groups: "
-                                  + ", ".join(group.label for group in seeded))  # fmt: skip
-            base = matches[0]
-        if len(seeded) > 1:
-            lines += ["## Paired comparison", "", *comparison_section(seeded, base, resolution), ""]
-            plot = plot_paired_validation(seeded, base, out, resolution)
+        compared = group_runs([run for group in repeated for run in group.runs])
+        base = _baseline(compared, baseline)
+        if len(compared) > 1:
+            lines += ["## Paired comparison", "", *comparison_section(compared, base, resolution), ""]
+            plot = plot_paired_validation(compared, base, out, resolution)
             lines += [f"![paired validation differences]({plot.name})", ""]
     return lines
+
+
+def _baseline(groups: list[Group], label: str | None) -> Group:
+    """The group labelled ``label``, or the default baseline (the deepest standard group) without one."""
+    if label is None:
+        return default_baseline(groups)
+    matches = [group for group in groups if group.label == label]
+    if not matches:
+        labels = ", ".join(group.label for group in groups)
+        raise OptionError(
+            "{baseline} {label!r}: no group of seeds has that label; groups: {labels}", label=label, labels=labels
+        )
+    return matches[0]

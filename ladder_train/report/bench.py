@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..bench import latency_note
 from ..plots import new_figure, save_figure
+from . import link_sweep
 from .tables import markdown_table
 
 
@@ -102,9 +104,6 @@ def bench_table(rows: list[dict]) -> str:
 def bench_section(rows: list[dict], out: Path) -> list[str]:
     """The TP benchmark: one table and throughput plot, or, for rows of one model at several emulated
     latencies, the link sweep beside the serialised-link model's prediction."""
-    from ..bench import link_sweep
-    from ..bench.results import latency_note
-
     lines = []
     emulated = rows[0].get("emulated_link_latency_ms")
     if link_sweep.is_sweep(rows):

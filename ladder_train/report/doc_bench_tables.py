@@ -70,24 +70,7 @@ def data_pipeline(rows: list[dict], path: str = DATA_PIPELINE) -> str:
     per worker, and against each raw call of the same sample."""
     body = []
     for batch in dict.fromkeys(row["batch_size"] for row in rows):
-        samples = [s for s in by_sample(rows).values() if s[0]["batch_size"] == batch]
-        raw = [{r["call"]: r["tokens_per_s"] for r in s if r["quantity"] == "raw"} for s in samples]
-        body.append(["raw `encode_batch`, 1 thread", str(batch), spread([r["encode_batch"] for r in raw], ",.0f"),
-                     "", "1.00", ""])  # fmt: skip
-        body.append(["raw `encode_batch_fast`, 1 thread", str(batch),
-                     spread([r["encode_batch_fast"] for r in raw], ",.0f"),
-                     "", spread([r["encode_batch_fast"] / r["encode_batch"] for r in raw], ".2f"), "1.00"])  # fmt: skip
-        workers = dict.fromkeys(r["workers"] for s in samples for r in s if r["quantity"] == "pipeline")
-        for count in workers:  # (total tokens/s, the same sample's raw rates) of the samples that ran this count
-            pairs = [(r["tokens_per_s"], rates) for s, rates in zip(samples, raw, strict=True) for r in s
-                     if r["quantity"] == "pipeline" and r["workers"] == count]  # fmt: skip
-            per = [(total / max(count, 1), rates) for total, rates in pairs]
-            body.append([
-                f"pipeline, {count} worker{'s' if count != 1 else ''}" + (" (main process)" if count == 0 else ""),
-                str(batch), spread([total for total, _ in pairs], ",.0f"), spread([p for p, _ in per], ",.0f"),
-                spread([p / rates["encode_batch"] for p, rates in per], ".2f"),
-                spread([p / rates["encode_batch_fast"] for p, rates in per], ".2f"),
-            ])  # fmt: skip
+        body += _batch_lines(batch, [s for s in by_sample(rows).values() if s[0]["batch_size"] == batch])
     header = ["", "batch", "tokens/s total", "per worker", "/ `encode_batch`", "/ `encode_batch_fast`"]
     first = rows[0]
     raw_tokens = next(r["tokens"] for r in rows if r["quantity"] == "raw")
@@ -100,6 +83,44 @@ def data_pipeline(rows: list[dict], path: str = DATA_PIPELINE) -> str:
         + provenance(rows, path, ("torch", "tokenizers", "datasets", "torchdata"))
         + "\n"
     )
+
+
+def _batch_lines(batch: int, samples: list[list[dict]]) -> list[list[str]]:
+    """One batch size's lines: the two raw tokenizer calls, then the loader per worker count; every ratio is taken
+    against the raw calls of the same sample."""
+    raw = [{r["call"]: r["tokens_per_s"] for r in s if r["quantity"] == "raw"} for s in samples]
+    fast = spread([r["encode_batch_fast"] / r["encode_batch"] for r in raw], ".2f")
+    lines = [
+        ["raw `encode_batch`, 1 thread", str(batch), spread([r["encode_batch"] for r in raw], ",.0f"), "", "1.00", ""],
+        [
+            "raw `encode_batch_fast`, 1 thread",
+            str(batch),
+            spread([r["encode_batch_fast"] for r in raw], ",.0f"),
+            "",
+            fast,
+            "1.00",
+        ],
+    ]
+    workers = dict.fromkeys(r["workers"] for s in samples for r in s if r["quantity"] == "pipeline")
+    for count in workers:  # (total tokens/s, the same sample's raw rates) of the samples that ran this count
+        pairs = [
+            (r["tokens_per_s"], rates)
+            for s, rates in zip(samples, raw, strict=True)
+            for r in s
+            if r["quantity"] == "pipeline" and r["workers"] == count
+        ]
+        per = [(total / max(count, 1), rates) for total, rates in pairs]
+        lines.append(
+            [
+                f"pipeline, {count} worker{'s' if count != 1 else ''}" + (" (main process)" if count == 0 else ""),
+                str(batch),
+                spread([total for total, _ in pairs], ",.0f"),
+                spread([p for p, _ in per], ",.0f"),
+                spread([p / rates["encode_batch"] for p, rates in per], ".2f"),
+                spread([p / rates["encode_batch_fast"] for p, rates in per], ".2f"),
+            ]
+        )
+    return lines
 
 
 def trainer_overhead(rows: list[dict], path: str = TRAINER_OVERHEAD) -> str:
@@ -137,8 +158,15 @@ def checkpoint_stall(rows: list[dict], path: str = CHECKPOINT) -> str:
         of = [r for r in stalls if r["setting"] == setting]
         stall = [r["stall_per_save_s"] for r in of if r["stall_per_save_s"] is not None]
         label = setting + (" (`checkpoint.async_save=true`)" if of[0]["async_save"] else "")
-        body.append([label, str(of[0]["saves"]), spread([r["total_s"] for r in of], ".2f"),
-                     spread([r["median_step_s"] for r in of], ".3f"), spread(stall, ".3f") if stall else "-"])  # fmt: skip
+        body.append(
+            [
+                label,
+                str(of[0]["saves"]),
+                spread([r["total_s"] for r in of], ".2f"),
+                spread([r["median_step_s"] for r in of], ".3f"),
+                spread(stall, ".3f") if stall else "-",
+            ]
+        )
     steps = "/".join(map(str, sorted({r["steps"] for r in stalls})))
     header = ["checkpoints", "saves", f"total s ({steps} steps)", "median step s", "stall per save s"]
     return (
@@ -156,9 +184,16 @@ def checkpoint_sizes(rows: list[dict], path: str = CHECKPOINT) -> str:
     for dim in dict.fromkeys(r["dim"] for r in sizes):
         of = [r for r in sizes if r["dim"] == dim]
         mib = statistics.median(r["bytes"] / 2**20 for r in of)
-        body.append([str(dim), f"{of[0]['params']:,}", f"{mib:,.1f}", spread([r["save_s"] for r in of], ".3f"),
-                     spread([r["load_s"] for r in of], ".3f"),
-                     spread([r["bytes"] / 2**20 / r["save_s"] for r in of], ",.0f")])  # fmt: skip
+        body.append(
+            [
+                str(dim),
+                f"{of[0]['params']:,}",
+                f"{mib:,.1f}",
+                spread([r["save_s"] for r in of], ".3f"),
+                spread([r["load_s"] for r in of], ".3f"),
+                spread([r["bytes"] / 2**20 / r["save_s"] for r in of], ",.0f"),
+            ]
+        )
     header = ["dim", "parameters", "checkpoint MiB", "save s", "load s", "save MiB/s"]
     return (
         markdown_table(header, body)

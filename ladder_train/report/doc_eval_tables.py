@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from .runs import read_metrics
 from .tables import markdown_table
 
 SMOLLM2 = Path("docs/results/smollm2_conversion")
@@ -60,8 +61,15 @@ def _smollm2_rows(path: Path, folder: Path, models: dict[str, str]) -> str:
     (fineweb_tokens, wikitext_tokens, limit), *rest = sorted(notes)
     if rest:
         raise ValueError(f"{folder}: the models were evaluated on different data sizes: {sorted(notes)}")
-    header = ["model", "FineWeb-Edu ppl", "WikiText-2 ppl", "ARC-Easy acc", "PIQA acc", "OpenBookQA acc_norm",
-              "LAMBADA acc (ppl)"]  # fmt: skip
+    header = [
+        "model",
+        "FineWeb-Edu ppl",
+        "WikiText-2 ppl",
+        "ARC-Easy acc",
+        "PIQA acc",
+        "OpenBookQA acc_norm",
+        "LAMBADA acc (ppl)",
+    ]
     return (
         markdown_table(header, rows)
         + f"\n\nPerplexity over {fineweb_tokens:,} FineWeb-Edu and {wikitext_tokens:,} WikiText-2 tokens; tasks on "
@@ -74,8 +82,7 @@ BF16 = Path("docs/results/bf16_cpu")
 
 
 def _last_record(run: Path) -> dict:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in records if "tokens_per_s" in r][-1]
+    return [r for r in read_metrics(run / "metrics.jsonl") if "tokens_per_s" in r][-1]
 
 
 def _median_range(values: list[float], spec: str) -> str:
@@ -125,9 +132,15 @@ def token_files(root: Path) -> str:
         )
         need = r["gpu_estimate"]["tokens_per_s_gpu"]
         rows.append(
-            [folder, "cold" if r["cold"] else "warm", str(r["world_size"]), f"{r['sequences']:,}",
-             f"{r['tokens_per_s_rank']:,.0f}", f"{r['tokens_per_s_rank'] / need:,.0f}x"]
-        )  # fmt: skip
+            [
+                folder,
+                "cold" if r["cold"] else "warm",
+                str(r["world_size"]),
+                f"{r['sequences']:,}",
+                f"{r['tokens_per_s_rank']:,.0f}",
+                f"{r['tokens_per_s_rank'] / need:,.0f}x",
+            ]
+        )
     header = ["folder", "page cache", "world size", "sequences read by rank 0", "tokens/s per rank", "/ H100 estimate"]
     return markdown_table(header, rows) + f"\n\nOne run per row; rows in `{TOKEN_FILES}`.\n"
 

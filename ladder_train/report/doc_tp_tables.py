@@ -3,8 +3,8 @@
 per case the median over the invocations with the lowest and highest in brackets.
 
 An invocation's rows are one sample: its speedups, communication share and overlap efficiency were derived within it
-(``bench/results.py``: ``derive``), side by side, before any median. Rows are told apart by invocation with
-``started`` (recorded by ladder-bench: ``invocation``, else ``started``), and where neither is recorded by a case that repeats.
+(``bench/results.py``: ``derive``), side by side, before any median. How rows are told apart by invocation:
+``tp_invocations.py``.
 """
 
 from __future__ import annotations
@@ -13,64 +13,19 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from ..bench import link_sweep
-from ..bench.results import latency_note, read_bench
-from ..predict.compare import bench_rows, compare
-from ..predict.hardware import load_profiles
+from ..bench import latency_note
+from ..bench_schema import read_bench
+from ..predict import bench_rows, compare_with_bench, load_profiles
+from . import link_sweep
 from .bench import spread_notes
-from .doc_bench_tables import spread
 from .tables import markdown_table
+from .tp_invocations import cell, invocations, joined_values, machines, runs_note, samples
 
 TP_GENERATION = "docs/results/tp_generation/cpu.jsonl"  # docs/results.md, "Tensor-parallel generation"
 LINK_SWEEP = "docs/results/tp_link_sweep/cpu.jsonl"  # docs/benchmarks.md, the link sweep
 OVERLAP_CHECKS = "docs/results/tp_overlap/cpu.jsonl"  # docs/benchmarks.md, the two overlap checks
 TP_COMPILED = "docs/results/tp_compiled/cpu.jsonl"  # docs/benchmarks.md, the compiled path on the CPU
 PREDICT_CPU = "docs/results/predict_cpu"  # one `ladder-predict validate --out-dir` folder per invocation
-LAYOUT_ORDER = {"standard": 0, "parallel": 1, "ladder": 2}
-
-
-def case_key(row: dict) -> tuple:
-    """What one invocation measures once: model, layout, batch and the link."""
-    return (row["model"], row.get("shape"), row["layout"], row["batch"], row.get("emulated_link_latency_ms") or 0.0,
-            row.get("link_bandwidth_gbs"), row.get("tp"), row.get("prompt_len"), row.get("gen_len"))  # fmt: skip
-
-
-def invocations(rows: list[dict]) -> list[list[dict]]:
-    """The rows split into the invocations that appended them, in file order."""
-    groups: list[list[dict]] = []
-    seen: set[tuple] = set()
-    for row in rows:
-        new_start = bool(groups) and _run_id(row) != _run_id(groups[-1][0])
-        if not groups or new_start or case_key(row) in seen:
-            groups.append([])
-            seen = set()
-        groups[-1].append(row)
-        seen.add(case_key(row))
-    return groups
-
-
-def _run_id(row: dict) -> str | None:
-    return row.get("invocation") or row.get("started")
-
-
-def samples(rows: list[dict]) -> dict[tuple, list[tuple[dict, dict]]]:
-    """Per case (in the order of first appearance, standard first within a link setting), its (row, the standard row
-    of the same invocation, shape, batch and link) pairs, one per invocation."""
-    found: dict[tuple, list[tuple[dict, dict]]] = {}
-    for group in invocations(rows):
-        standard = {case_key(r)[:2] + case_key(r)[3:]: r for r in group if r["layout"] == "standard"}
-        for row in group:
-            key = case_key(row)
-            found.setdefault(key, []).append((row, standard.get(key[:2] + key[3:])))
-    order = list(found)
-    return dict(sorted(found.items(), key=lambda kv: (kv[0][4], kv[0][1], kv[0][3], LAYOUT_ORDER.get(kv[0][2], 9),
-                                                      order.index(kv[0]))))  # fmt: skip
-
-
-def cell(pairs: list[tuple[dict, dict]], figure: Callable[[dict, dict], float | None], spec: str, suffix="") -> str:
-    """The spread of ``figure(row, standard)`` over the invocations that have it; "—" where none has."""
-    values = [v for row, standard in pairs if (v := figure(row, standard)) is not None]
-    return spread(values, spec, suffix) if values else "—"
 
 
 def _percent(key: str) -> Callable[[dict, dict], float | None]:
@@ -104,40 +59,12 @@ EFFICIENCY = [
 ]
 
 
-def _values(rows: list[dict], key: str) -> str:
-    """The values of ``key`` over the rows, "/"-joined."""
-    return "/".join(sorted({str(row.get(key)) for row in rows}))
-
-
 # what the columns of the tables with speedups, t(none) and an overlap efficiency mean (after runs_note)
 DEFINITIONS = (
     "Speedups are over standard within each invocation; t(none) is the row's decode ms/token with every all-reduce "
     "skipped, and the overlap efficiency (the ladder's) = (t(standard) - t) / min(t(standard) - t(none, standard), "
     "t(none, standard))."
 )
-
-
-def _machines(rows: list[dict]) -> str:
-    return "; ".join(sorted({f"{r.get('cpu_model', '?')}, {r['device']}" for r in rows}))
-
-
-def runs_note(rows: list[dict], path: str) -> str:
-    """How many invocations of how many runs, the setting, when and where, and the file."""
-    groups = invocations(rows)
-    per_case = "/".join(map(str, sorted({len(pairs) for pairs in samples(rows).values()})))
-    spread_of = (
-        f"{len(groups)} invocations: per case the median over its {per_case} (lowest–highest in brackets)"
-        if len(groups) > 1
-        else "One invocation, no spread"
-    )
-    compiled = "/".join(sorted({"compiled" if r["compiled"] else "eager" for r in rows}))
-    return (
-        f"{spread_of}; each invocation's figure is the median of its {_values(rows, 'runs')} measured runs after "
-        f"{_values(rows, 'warmup')} warm-up. TP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
-        f"{_values(rows, 'dtype')}, {compiled}, prompt {_values(rows, 'prompt_len')}, {_values(rows, 'gen_len')} new "
-        f"tokens. Measured {_values(rows, 'date')} on {_machines(rows)}, torch {_values(rows, 'torch')}; rows in "
-        f"`{path}`."
-    )
 
 
 def tp_generation(rows: list[dict], path: str = TP_GENERATION) -> str:
@@ -147,16 +74,28 @@ def tp_generation(rows: list[dict], path: str = TP_GENERATION) -> str:
     settings = list(dict.fromkeys((key[1], key[4]) for key in cases))
     if len(settings) > 1:
         header.insert(0, "shape, X")
-    header += ["tokens/s", "decode ms/token", "speedup vs standard (end-to-end)", "decode speedup vs standard",
-               "ceiling tokens/s", "comm share", "overlap efficiency", "t(none) decode ms/token"]  # fmt: skip
+    header += [
+        "tokens/s",
+        "decode ms/token",
+        "speedup vs standard (end-to-end)",
+        "decode speedup vs standard",
+        "ceiling tokens/s",
+        "comm share",
+        "overlap efficiency",
+        "t(none) decode ms/token",
+    ]
     for key, pairs in cases.items():
-        line = [key[2], str(key[3]), cell(pairs, lambda r, _: r["tokens_per_s"], ",.1f"),
-                cell(pairs, lambda r, _: r["decode_ms_per_token"], ".2f"),
-                cell(pairs, lambda r, _: r.get("speedup_vs_standard"), ".3f", "×"),
-                cell(pairs, lambda r, _: r.get("decode_speedup_vs_standard"), ".3f", "×"),
-                cell(pairs, lambda r, _: (r.get("none") or {}).get("tokens_per_s"), ",.1f"),
-                cell(pairs, _percent("comm_share"), ".1f", " %"),
-                *(cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY)]  # fmt: skip
+        line = [
+            key[2],
+            str(key[3]),
+            cell(pairs, lambda r, _: r["tokens_per_s"], ",.1f"),
+            cell(pairs, lambda r, _: r["decode_ms_per_token"], ".2f"),
+            cell(pairs, lambda r, _: r.get("speedup_vs_standard"), ".3f", "×"),
+            cell(pairs, lambda r, _: r.get("decode_speedup_vs_standard"), ".3f", "×"),
+            cell(pairs, lambda r, _: (r.get("none") or {}).get("tokens_per_s"), ",.1f"),
+            cell(pairs, _percent("comm_share"), ".1f", " %"),
+            *(cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY),
+        ]
         body.append(([f"{key[1]}, X {key[4]:g} ms"] if len(settings) > 1 else []) + line)
     notes = [f"{runs_note(rows, path)} {DEFINITIONS}"]
     if len(settings) == 1:
@@ -173,16 +112,19 @@ def _setting_notes(cases: dict[tuple, list[tuple[dict, dict]]]) -> list[str]:
     if x and all("module_ms" in row for row in standard):
         modules = {name: statistics.median(row["module_ms"][name] for row in standard) for name in ("attention", "mlp")}
         notes.append(latency_note(x, modules) + " (module times: medians over the invocations).")
-    merged = [{"layout": key[2], "batch": key[3], "tokens_per_s_runs": {"samples": [row["tokens_per_s"] for row, _ in pairs]}}
-              for key, pairs in cases.items()]  # fmt: skip
+    merged = [
+        {"layout": key[2], "batch": key[3], "tokens_per_s_runs": {"samples": [row["tokens_per_s"] for row, _ in pairs]}}
+        for key, pairs in cases.items()
+    ]
     within = spread_notes(merged)
     if within:
         notes.append(within[0].replace("over the timed runs", "over the invocations").replace(", the error bars", ""))
     return notes
 
 
-def link_table(rows: list[dict], path: str, predicted: bool, shape_column: bool, unit: Callable[[dict], float],
-               unit_name: str) -> str:  # fmt: skip
+def link_table(
+    rows: list[dict], path: str, predicted: bool, shape_column: bool, unit: Callable[[dict], float], unit_name: str
+) -> str:
     """Per link latency X (and shape) and layout: decode time, speedups, [the predicted decode speedup], the overlap
     efficiency with t(none)."""
     header = (["shape"] if shape_column else []) + ["X (ms)", f"X / {unit_name}", "layout", "decode ms/token"]
@@ -193,16 +135,22 @@ def link_table(rows: list[dict], path: str, predicted: bool, shape_column: bool,
         args = pairs[0][0]["model_args"]
         shape = [f"hidden {args['dim']}, {args['n_layers']} layers, batch {key[3]}"] if shape_column else []
         x = f"{key[4]:g}" if key[4] else "0 (real gloo)"
-        line = shape + [x, cell(pairs, _x_over(unit), ".2f"), key[2],
-                        cell(pairs, lambda r, _: r["decode_ms_per_token"], ".1f")]  # fmt: skip
+        line = shape + [
+            x,
+            cell(pairs, _x_over(unit), ".2f"),
+            key[2],
+            cell(pairs, lambda r, _: r["decode_ms_per_token"], ".1f"),
+        ]
         line += [cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in SPEEDUPS]
         line += [cell(pairs, _predicted, ".2f", "×")] if predicted else []
         line += [cell(pairs, figure, spec, suffix) for _, figure, spec, suffix in EFFICIENCY]
         body.append(line)
     note = f"{runs_note(rows, path)} {DEFINITIONS}"
     if predicted:
-        note += (" *Predicted*: the serialised-link timeline (`bench/link_sweep.py`) fed with each invocation's "
-                 "measured module times and an ideal link of exactly X per all-reduce (no gloo cost).")  # fmt: skip
+        note += (
+            " *Predicted*: the serialised-link timeline (`report/link_sweep.py`) fed with each invocation's "
+            "measured module times and an ideal link of exactly X per all-reduce (no gloo cost)."
+        )
     return markdown_table(header, body) + "\n\n" + note + "\n"
 
 
@@ -216,6 +164,25 @@ def overlap_checks(rows: list[dict], path: str = OVERLAP_CHECKS) -> str:
     return link_table(rows, path, False, True, _shorter_module, "shorter module")
 
 
+# per figure of a predicted row: its predicted, measured and error keys (compare_with_bench's) and its format
+PREDICTED_FIGURES = (
+    ("pred_decode_ms", "meas_decode_ms", "decode_err", ".1f"),
+    ("pred_speedup", "meas_speedup", "speedup_err", ".2f"),
+    ("pred_none_ms", "meas_none_ms", "none_err", ".1f"),
+)
+PREDICT_HEADER = ["shape", "layout", "batch", "X ms"] + [
+    column
+    for figure in ("decode ms/tok", "decode speedup", "no-comm ms/tok")
+    for column in (f"{figure} predicted", "measured", "error")
+]
+# the mean absolute errors of compare_with_bench's summary, in words
+SUMMARY_ERRORS = (
+    ("decode time", "decode"),
+    ("decode speedup (not standard)", "speedup"),
+    ("no-communication time", "none"),
+)
+
+
 def predict_cpu(root: Path) -> str:
     """docs/benchmarks.md's predictor on this CPU: each `ladder-predict validate` folder's ladder-bench rows
     predicted with the profile it calibrated, per case the medians over the folders."""
@@ -223,55 +190,77 @@ def predict_cpu(root: Path) -> str:
     merged: dict[tuple, list[dict]] = {}
     summaries = []
     for folder in folders:
-        results, summary = compare(bench_rows(folder / "bench.jsonl"), load_profiles(folder / "cpu.yaml")["cpu"])
+        profile = load_profiles(folder / "cpu.yaml")["cpu"]
+        results, summary = compare_with_bench(bench_rows(folder / "bench.jsonl"), profile)
         summaries.append(summary)
         for r in results:
             merged.setdefault((r["shape"], r["layout"], r["batch"], r["x_ms"]), []).append(r)
-    body = []
-    for (shape, layout, batch, x), found in merged.items():
-        line = [shape, layout, str(batch), f"{x:g}"]
-        for pred, meas, err, spec in (("pred_decode_ms", "meas_decode_ms", "decode_err", ".1f"),
-                                      ("pred_speedup", "meas_speedup", "speedup_err", ".2f"),
-                                      ("pred_none_ms", "meas_none_ms", "none_err", ".1f")):  # fmt: skip
-            pairs = [(r, None) for r in found]
-            line += [cell(pairs, lambda r, _, k=pred: r[k], spec), cell(pairs, lambda r, _, k=meas: r[k], spec),
-                     cell(pairs, lambda r, _, k=err: None if r[k] is None else 100 * r[k], "+.1f", " %")]  # fmt: skip
-        body.append(line)
-    header = ["shape", "layout", "batch", "X ms", "decode ms/tok predicted", "measured", "error",
-              "decode speedup predicted", "measured", "error", "no-comm ms/tok predicted", "measured", "error"]  # fmt: skip
+    body = [_predicted_line(key, [(r, None) for r in found]) for key, found in merged.items()]
+    summary_pairs = [(s, None) for s in summaries]
     errors = ", ".join(
-        f"{name} {cell([(s, None) for s in summaries], lambda s, _, k=key: 100 * s[k], '.1f', ' %')}"
-        for name, key in (("decode time", "decode"), ("decode speedup (not standard)", "speedup"),
-                          ("no-communication time", "none"))
-    )  # fmt: skip
+        f"{name} {cell(summary_pairs, lambda s, _, k=key: 100 * s[k], '.1f', ' %')}" for name, key in SUMMARY_ERRORS
+    )
     rows = [row for folder in folders for row in read_bench(folder / "bench.jsonl")]
     return (
-        markdown_table(header, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted with the "
-        f"`cpu` profile it calibrated (`{PREDICT_CPU}/*/cpu.yaml`); medians over {len(folders)} folders "
+        markdown_table(PREDICT_HEADER, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted "
+        f"with the `cpu` profile it calibrated (`{PREDICT_CPU}/*/cpu.yaml`); medians over {len(folders)} folders "
         "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
         + runs_note(rows, PREDICT_CPU)
         + "\n"
     )
 
 
+def _predicted_line(key: tuple, pairs: list[tuple[dict, None]]) -> list[str]:
+    """One case's row of the predictor table: its shape, layout, batch and X, then per figure the medians over the
+    folders of the predicted and measured values and of the error."""
+    shape, layout, batch, x = key
+    line = [shape, layout, str(batch), f"{x:g}"]
+    for predicted, measured, error, spec in PREDICTED_FIGURES:
+        line += [
+            cell(pairs, lambda r, _, k=predicted: r[k], spec),
+            cell(pairs, lambda r, _, k=measured: r[k], spec),
+            cell(pairs, lambda r, _, k=error: None if r[k] is None else 100 * r[k], "+.1f", " %"),
+        ]
+    return line
+
+
 def tp_compiled(rows: list[dict], path: str = TP_COMPILED) -> str:
     """docs/benchmarks.md's compiled path on the CPU: per invocation and layout what ran compiled and what it
     generated, and the compilations against the two graphs (prefill, decode) each model, communicator and batch size
     may have. Its timings (a model of 0.1-0.5 ms over a few decode steps) are dispatch noise and are left out."""
-    header = ["invocation", "layout", "batch", "compiled", "backend", "new tokens per run", "timed runs",
-              "compilations (invocation)", "allowed"]  # fmt: skip
+    header = [
+        "invocation",
+        "layout",
+        "batch",
+        "compiled",
+        "backend",
+        "new tokens per run",
+        "timed runs",
+        "compilations (invocation)",
+        "allowed",
+    ]
     body = []
     for number, group in enumerate(invocations(rows), 1):
         graphs = 2 * len(group) * (2 if any(r.get("none") for r in group) else 1)  # x {real, none} communicators
         for r in group:
-            body.append([str(number), r["layout"], str(r["batch"]), "yes" if r["compiled"] else "no",
-                         r["compile_backend"] or "—", str(r["gen_len"]), str(r["runs"]),
-                         str(r.get("compilations", "—")), str(graphs)])  # fmt: skip
+            body.append(
+                [
+                    str(number),
+                    r["layout"],
+                    str(r["batch"]),
+                    "yes" if r["compiled"] else "no",
+                    r["compile_backend"] or "—",
+                    str(r["gen_len"]),
+                    str(r["runs"]),
+                    str(r.get("compilations", "—")),
+                    str(graphs),
+                ]
+            )
     return (
-        markdown_table(header, body) + f"\n\nTP {_values(rows, 'tp')} over {_values(rows, 'backend')}, "
-        f"{_values(rows, 'dtype')}, prompt {_values(rows, 'prompt_len')}; {_values(rows, 'warmup')} warm-up runs. "
+        markdown_table(header, body) + f"\n\nTP {joined_values(rows, 'tp')} over {joined_values(rows, 'backend')}, "
+        f"{joined_values(rows, 'dtype')}, prompt {joined_values(rows, 'prompt_len')}; {joined_values(rows, 'warmup')} warm-up runs. "
         f"Allowed = 2 graphs (prefill, decode) per model, communicator (real, none) and batch size; ladder-bench "
-        f"fails above it. Measured {_values(rows, 'date')} on {_machines(rows)}, torch {_values(rows, 'torch')}; rows in "
+        f"fails above it. Measured {joined_values(rows, 'date')} on {machines(rows)}, torch {joined_values(rows, 'torch')}; rows in "
         f"`{path}`.\n"
     )
 

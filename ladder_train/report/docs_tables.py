@@ -9,7 +9,6 @@ tests/test_docs.py runs) fails where a doc's table differs from what its data gi
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -17,8 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..study import analysis
-from ..study.groups import group_runs
+from ..errors import EXIT_BAD_INPUT, InputError
+from ..study import default_baseline, group_runs, sweeps
 from . import doc_bench_tables, doc_eval_tables, doc_tp_tables
 from .runs import read_run, train_tokens_per_s
 from .study import comparison_section
@@ -29,7 +28,8 @@ COMMAND = "python -m ladder_train.report.docs_tables --write"
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 STUDY_LR = Path("docs/results/study_small/lr")
 STUDY_SEEDS = Path("docs/results/study_small/seeds")
-STUDY_SEED_RUNS = 15  # 3 seeds x (standard, parallel, ladder, the 6- and 4-layer standard controls), as docs/results.md plans
+# 3 seeds x (standard, parallel, ladder, the 6- and 4-layer standard controls), as docs/results.md plans
+STUDY_SEED_RUNS = 15
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
@@ -37,11 +37,11 @@ def study_lr_sweep(root: Path) -> str:
     """The layout study's learning-rate sweep: validation loss at the sweep's horizon per layout and rate, the
     chosen rate in bold; a layout or rate without a finished run says so."""
     folders = sorted(p.parent for p in (root / STUDY_LR).glob("*/metrics.jsonl"))
-    sweeps = {sweep.label: sweep for sweep in analysis.sweeps(group_runs([read_run(p) for p in folders]))}
-    rates = sorted({lr for sweep in sweeps.values() for lr in sweep.losses})
+    by_layout = {sweep.label: sweep for sweep in sweeps(group_runs([read_run(p) for p in folders]))}
+    rates = sorted({lr for sweep in by_layout.values() for lr in sweep.losses})
     rows = []
     for layout in LAYOUTS:
-        sweep = sweeps.get(layout)
+        sweep = by_layout.get(layout)
         best = sweep.choice.best if sweep and sweep.choice else None
         cells = []
         for lr in rates:
@@ -51,7 +51,7 @@ def study_lr_sweep(root: Path) -> str:
                 value = f"{sweep.losses[lr]:.4f}"
                 cells.append(f"**{value}**" if lr == best else value)
         rows.append([layout, *cells])
-    horizon = {sweep.horizon_step for sweep in sweeps.values()}
+    horizon = {sweep.horizon_step for sweep in by_layout.values()}
     return (
         markdown_table(["layout \\ peak lr", *(f"{lr:g}" for lr in rates)], rows)
         + f"\n\nValidation loss in nats/byte at step {', '.join(map(str, sorted(horizon)))}, one seed each; "
@@ -67,7 +67,7 @@ def study_seeds(root: Path) -> str:
         raise FileNotFoundError(2, "no finished run", str(root / STUDY_SEEDS))
     runs = [read_run(p) for p in folders]
     groups = group_runs(runs)
-    baseline = analysis.default_baseline(groups)
+    baseline = default_baseline(groups)
     speeds = sorted(train_tokens_per_s(run) for run in runs)
     lines = comparison_section(groups, baseline, resolution=0.01)
     seeds = "; ".join(f"{group.label}: {', '.join(map(str, sorted(group.seeds)))}" for group in groups)
@@ -99,9 +99,18 @@ def activation_memory(root: Path) -> str:
     body = []
     for row in rows:
         base, held, peak = none[row["layout"]], row["held_after_forward_bytes"], row["peak_bytes"]
-        body.append([row["layout"], row["mode"], f"{held / 2**20:,.1f}", f"{held / base['held_after_forward_bytes']:.2f}",
-                     f"{peak / 2**20:,.1f}", f"{peak / base['peak_bytes']:.2f}", f"{row['loss']:.6f}",
-                     f"{row['max_grad_diff']:g}"])  # fmt: skip
+        body.append(
+            [
+                row["layout"],
+                row["mode"],
+                f"{held / 2**20:,.1f}",
+                f"{held / base['held_after_forward_bytes']:.2f}",
+                f"{peak / 2**20:,.1f}",
+                f"{peak / base['peak_bytes']:.2f}",
+                f"{row['loss']:.6f}",
+                f"{row['max_grad_diff']:g}",
+            ]
+        )
     header = ["layout", "mode", "held MiB", "/ none", "peak MiB", "/ none", "loss", "max grad diff to none"]
     return markdown_table(header, body) + "\n"
 
@@ -166,29 +175,67 @@ def _missing(name: str, root: Path) -> bool:
     return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ladder_train.report.docs_tables", description=__doc__)
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", action="store_true", help="remake every marked table in the docs")
-    action.add_argument("--check", action="store_true", help="exit 1 if a marked table differs from its data")
-    parser.add_argument("--root", type=Path, default=Path("."), help="the repository (default: here)")
-    args = parser.parse_args(argv)
-    if args.write:  # tables whose data is missing keep their text, and the exit status says so
-        missing = []
-        for doc in DOCS:
-            path = args.root / doc
-            text = path.read_text()
-            path.write_text(remake(text, args.root, skip_missing=True))
-            missing += [m.group("name") for m in _BLOCK.finditer(text) if _missing(m.group("name"), args.root)]
-        return 1 if missing else 0
+PROG = "python -m ladder_train.report.docs_tables"
+HELP = f"""usage: {PROG} (--write | --check) [--root DIR]
+
+  --write     remake every marked table in the docs
+  --check     exit 1 if a marked table differs from its data
+  --root DIR  the repository (default: here)"""
+
+
+def parse_command(argv: list[str]) -> tuple[str, Path]:
+    """(``write`` or ``check``, the repository) from the command line; anything else is an InputError of one line."""
+    actions, root = set(), Path(".")
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--write", "--check"):
+            actions.add(arg.removeprefix("--"))
+        elif arg == "--root" or arg.startswith("--root="):
+            folder = arg.removeprefix("--root=") if "=" in arg else next(args, "")
+            if not folder:
+                raise InputError("--root needs a folder")
+            root = Path(folder)
+        else:
+            raise InputError(f"unknown argument {arg!r} (see --help)")
+    if len(actions) != 1:
+        raise InputError("give one of --write and --check")
+    return actions.pop(), root
+
+
+def write_tables(root: Path) -> int:
+    """Remake every marked table; one whose data is missing keeps its text, and the exit status (1) says so."""
+    missing = []
+    for doc in DOCS:
+        path = root / doc
+        text = path.read_text()
+        path.write_text(remake(text, root, skip_missing=True))
+        missing += [m.group("name") for m in _BLOCK.finditer(text) if _missing(m.group("name"), root)]
+    return 1 if missing else 0
+
+
+def check_tables(root: Path) -> int:
+    """0 when every marked table equals what its data give, else 1 with a line per stale table."""
     try:
-        stale = stale_tables(args.root)
+        stale = stale_tables(root)
     except MissingData as err:
         print(err, file=sys.stderr)
         return 1
     for entry in stale:
         print(f"stale table: {entry} (remake it: {COMMAND})", file=sys.stderr)
     return 1 if stale else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(HELP)
+        return 0
+    try:
+        action, root = parse_command(argv)
+    except InputError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return write_tables(root) if action == "write" else check_tables(root)
 
 
 if __name__ == "__main__":

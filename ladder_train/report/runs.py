@@ -37,13 +37,7 @@ def read_run(path: Path) -> Run:
             raise ConfigError(f"{path}: not a run folder (missing {required.name})")
     cfg = load_config(config)
     run = Run(path=path, name=cfg.run.name, residual=cfg.model.residual, seed=cfg.run.seed, config=cfg)
-    for number, line in enumerate(metrics.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            raise ConfigError(f"{metrics}:{number}: not a JSON line") from None
+    for record in read_metrics(metrics):
         if "val_loss" in record:
             run.val.append(record)
         elif "loss" in record:
@@ -57,10 +51,18 @@ def read_run(path: Path) -> Run:
     return run
 
 
-def _tokens(record: dict, fallback_tokens_per_step: float | None) -> float | None:
-    if "tokens" in record:
-        return record["tokens"]
-    return record["step"] * fallback_tokens_per_step if fallback_tokens_per_step else None
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a run's ``metrics.jsonl`` in file order (blank lines skipped); a line that is not JSON is a
+    ConfigError naming it."""
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ConfigError(f"{path}:{number}: not a JSON line") from None
+    return records
 
 
 def final_train_loss(run: Run, last: int = 5) -> float | None:
@@ -72,9 +74,3 @@ def final_train_loss(run: Run, last: int = 5) -> float | None:
 def train_tokens_per_s(run: Run) -> float | None:
     values = [r["tokens_per_s"] for r in run.train if r.get("tokens_per_s")]
     return statistics.median(values) if values else None
-
-
-def final_val_loss(run: Run) -> float:
-    if not run.val:
-        raise ConfigError(f"{run.path}: no validation loss in metrics.jsonl (set eval.val_every)")
-    return run.val[-1]["val_loss"]

@@ -7,16 +7,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..plots import new_figure, save_figure
-from ..study import analysis
-from ..study import groups as seed_groups
-from ..study.stats import paired_difference
-from .runs import final_train_loss, final_val_loss
+from ..study import (
+    Group,
+    Sweep,
+    compare_groups,
+    final_val_loss,
+    paired_difference,
+    plot_bands,
+    seeds_table,
+    verdict,
+)
+from .runs import final_train_loss
 from .tables import markdown_table
 
 
-def seeds_section(groups: list[seed_groups.Group], out: Path) -> list[str]:
+def seeds_section(groups: list[Group], out: Path) -> list[str]:
     """Repeats of one configuration: mean ± sd per group and the differences to the first group."""
-    header, rows = seed_groups.seeds_table(groups, final_val_loss, final_train_loss)
+    header, rows = seeds_table(groups, final_val_loss, final_train_loss)
     return [
         "Runs with equal configs apart from the seed are grouped. sd = sample standard deviation over the seeds "
         "(n − 1); s.e. of a difference = sqrt(sd₁²/n₁ + sd₂²/n₂); the paired column takes the per-seed "
@@ -25,11 +32,11 @@ def seeds_section(groups: list[seed_groups.Group], out: Path) -> list[str]:
         "",
         markdown_table(header, rows),
         "",
-        f"![loss over seeds]({seed_groups.plot_bands(groups, out).name})",
+        f"![loss over seeds]({plot_bands(groups, out).name})",
     ]
 
 
-def sweep_section(sweeps: list[analysis.Sweep], out: Path) -> list[str]:
+def sweep_section(sweeps: list[Sweep], out: Path) -> list[str]:
     """Per layout: the validation loss at the sweep's horizon for each rate, and the rate chosen."""
     rates = sorted({lr for sweep in sweeps for lr in (*sweep.losses, *sweep.unfinished)})
     header = ["layout", "horizon (step)", *(f"lr {lr:g}" for lr in rates), "best rate"]
@@ -57,13 +64,11 @@ def sweep_section(sweeps: list[analysis.Sweep], out: Path) -> list[str]:
     ]
 
 
-def comparison_section(
-    groups: list[seed_groups.Group], baseline: seed_groups.Group, resolution: float | None
-) -> list[str]:
+def comparison_section(groups: list[Group], baseline: Group, resolution: float | None) -> list[str]:
     """Mean ± sd over seeds and the paired difference to the baseline, with its 95 % interval, per metric."""
     header = ["metric", "group", "lr", "n", "mean ± sd", "paired difference", "95 % interval", "p", "reading"]
     rows = []
-    for row in analysis.compare(groups, baseline):
+    for row in compare_groups(groups, baseline):
         diff = row.difference
         mean = f"{row.mean:.4f}" + ("" if row.sd is None else f" ± {row.sd:.4f}")
         rows.append(
@@ -76,7 +81,7 @@ def comparison_section(
                 "—" if diff is None else f"{diff.mean:+.4f}",
                 "—" if diff is None else f"[{diff.low:+.4f}, {diff.high:+.4f}]",
                 "—" if diff is None else f"{diff.p_value:.3f}",
-                analysis.verdict(row, resolution),
+                verdict(row, resolution),
             ]
         )
     return [
@@ -89,7 +94,7 @@ def comparison_section(
     ]
 
 
-def plot_sweeps(sweeps: list[analysis.Sweep], out: Path) -> Path:
+def plot_sweeps(sweeps: list[Sweep], out: Path) -> Path:
     fig, ax = new_figure(7, 4.5)
     for i, sweep in enumerate(sweeps):
         rates = sorted(sweep.losses)
@@ -123,7 +128,7 @@ class PairedCurve:
     per_seed: list[list[float]]  # each pair's own difference at those tokens
 
 
-def paired_validation_curves(groups: list[seed_groups.Group], baseline: seed_groups.Group) -> list[PairedCurve]:
+def paired_validation_curves(groups: list[Group], baseline: Group) -> list[PairedCurve]:
     base = {run.seed: {r["tokens"]: r["val_loss"] for r in run.val} for run in baseline.runs}
     curves = []
     for group in groups:
@@ -145,9 +150,7 @@ def paired_validation_curves(groups: list[seed_groups.Group], baseline: seed_gro
     return curves
 
 
-def plot_paired_validation(
-    groups: list[seed_groups.Group], baseline: seed_groups.Group, out: Path, resolution: float | None
-) -> Path:
+def plot_paired_validation(groups: list[Group], baseline: Group, out: Path, resolution: float | None) -> Path:
     """The paired validation differences over training: the mean with its 95 % band and each pair's own (thin), beside
     zero and ± the resolution."""
     fig, ax = new_figure(8, 4.5)

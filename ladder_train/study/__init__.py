@@ -1,2 +1,21 @@
 """Studies: a grid of training runs over config keys (``ladder-train study``), and the statistics that compare
 its layouts (each at its own best learning rate, paired seeds, 95 % intervals)."""
+
+from .analysis import Sweep, compare_groups, default_baseline, final_val_loss, seeded, sweeps, verdict
+from .groups import Group, group_runs, plot_bands, seeds_table
+from .stats import paired_difference
+
+__all__ = [
+    "Group",
+    "Sweep",
+    "compare_groups",
+    "default_baseline",
+    "final_val_loss",
+    "group_runs",
+    "paired_difference",
+    "plot_bands",
+    "seeded",
+    "seeds_table",
+    "sweeps",
+    "verdict",
+]

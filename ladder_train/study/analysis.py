@@ -12,20 +12,24 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .groups import Group, _flat_config, mean_sd
+from ..errors import ConfigError
+from .groups import Group, flat_config, mean_sd
 from .stats import PairedDifference, RateChoice, best_rate, paired_difference
 
 LR_KEY = "train.optimizer.lr"
 # the accuracy of guessing, per task: an accuracy the baseline does not clear by two standard errors is left out
 CHANCE = {
-    "arc_easy": 0.25, "arc_challenge": 0.25, "openbookqa": 0.25, "hellaswag": 0.25, "sciq": 0.25,
-    "piqa": 0.5, "winogrande": 0.5, "lambada": 0.0, "lambada_openai": 0.0,
-}  # fmt: skip
+    **dict.fromkeys(("arc_easy", "arc_challenge", "openbookqa", "hellaswag", "sciq"), 0.25),
+    **dict.fromkeys(("piqa", "winogrande"), 0.5),
+    **dict.fromkeys(("lambada", "lambada_openai"), 0.0),
+}
 # per task the metric compared, and whether lower is better; perplexity tasks compare bits per byte (a log scale)
 TASK_METRICS = (("bits_per_byte", True), ("word_perplexity", True), ("acc", False))
 
 
 def final_val_loss(run) -> float:
+    if not run.val:
+        raise ConfigError(f"{run.path}: no validation loss in metrics.jsonl (set eval.val_every)")
     return run.val[-1]["val_loss"]
 
 
@@ -45,7 +49,7 @@ def sweeps(groups: list[Group]) -> list[Sweep]:
     step the sweep's runs reach; a rate whose runs stop short of it (still running) is listed, not chosen."""
     families: dict[tuple, list[Group]] = {}
     for group in groups:
-        flat = _flat_config(group.runs[0].config)
+        flat = flat_config(group.runs[0].config)
         key = tuple(sorted((k, v) for k, v in flat.items() if k != LR_KEY))
         families.setdefault(key, []).append(group)
     swept = {}
@@ -129,7 +133,7 @@ class Comparison:
     difference: PairedDifference | None  # None for the baseline itself
 
 
-def compare(groups: list[Group], baseline: Group) -> list[Comparison]:
+def compare_groups(groups: list[Group], baseline: Group) -> list[Comparison]:
     """Per metric and group: mean ± sd over seeds and the paired difference to the baseline (seeds matched)."""
     rows = []
     for metric in metrics(baseline):

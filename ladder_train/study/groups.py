@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..plots import new_figure, save_figure
+from .stats import PairedDifference, paired_difference
 
 # config keys that name a repeat rather than change the experiment
 _IDENTITY_KEYS = ("run.seed", "run.name", "run.dir")
@@ -33,7 +34,7 @@ class Group:
         return [run.seed for run in self.runs]
 
 
-def _flat_config(config) -> dict[str, object]:
+def flat_config(config) -> dict[str, object]:
     """A resolved Config as ``{"a.b.c": value}``, without the identity keys."""
     cfg = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
     flat: dict[str, object] = {}
@@ -51,7 +52,7 @@ def _flat_config(config) -> dict[str, object]:
 
 def group_runs(runs: list) -> list[Group]:
     """Groups of repeats, in order of first appearance."""
-    configs = [_flat_config(run.config) for run in runs]
+    configs = [flat_config(run.config) for run in runs]
     keys: list[tuple] = []
     members: dict[tuple, list] = {}
     for run, flat in zip(runs, configs, strict=True):
@@ -84,13 +85,13 @@ def difference(values: list[float], baseline: list[float]) -> tuple[float, float
     return diff, math.sqrt(statistics.variance(values) / len(values) + statistics.variance(baseline) / len(baseline))
 
 
-def paired_difference(group: Group, baseline: Group, value) -> tuple[float, float | None] | None:
-    """Mean and sample sd of the per-seed differences when both groups ran the same seeds (same init and data
-    order per seed, so the pairing removes the seed's share of the spread), else None."""
+def paired_by_seed(group: Group, baseline: Group, value) -> PairedDifference | None:
+    """The per-seed differences of ``value`` when both groups ran the same seeds (same init and data order per
+    seed, so the pairing removes the seed's share of the spread), else None."""
     if sorted(group.seeds) != sorted(baseline.seeds) or len(group.seeds) < 2:
         return None
     by_seed = {run.seed: value(run) for run in baseline.runs}
-    return mean_sd([value(run) - by_seed[run.seed] for run in group.runs])
+    return paired_difference([value(run) for run in group.runs], [by_seed[run.seed] for run in group.runs])
 
 
 def _pm(mean: float, sd: float | None, digits: int = 4) -> str:
@@ -115,7 +116,7 @@ def seeds_table(groups: list[Group], final_val, final_train) -> tuple[list[str],
         trains = [final_train(run) for run in group.runs]
         first = group is groups[0]
         diff = None if first else difference(vals, base)
-        paired = None if first else paired_difference(group, groups[0], final_val)
+        paired = None if first else paired_by_seed(group, groups[0], final_val)
         rows.append(
             [
                 group.label,
@@ -123,7 +124,7 @@ def seeds_table(groups: list[Group], final_val, final_train) -> tuple[list[str],
                 _pm(*mean_sd(vals)),
                 _pm(*mean_sd(trains)),
                 "—" if diff is None else f"{diff[0]:+.4f}" + ("" if diff[1] is None else f" ± {diff[1]:.4f}"),
-                "—" if paired is None else f"{paired[0]:+.4f}" + ("" if paired[1] is None else f" ± {paired[1]:.4f}"),
+                "—" if paired is None else f"{paired.mean:+.4f} ± {paired.sd:.4f}",
             ]
         )
     return header, rows

@@ -13,22 +13,21 @@ from pathlib import Path
 import torch
 
 from ..config import Config, to_dict
+from ..gpu_cards import peak_flops_for
 
 
 def device_peak_flops(device: torch.device) -> float | None:
     """The device's dense bf16 peak for MFU, or None (CPU, or a GPU card the table does not know: MFU is then
-    reported as null, with a one-time note). The peaks are the ``cards`` table of ``predict/hardware.yaml``
-    (each figure with its datasheet), matched on the exact card ``torch.cuda.get_device_name`` reports: an
-    "NVIDIA H100 PCIe" is 756 TFLOPS, not the SXM card's 989.4."""
+    reported as null, with a one-time note). The peaks are ``gpu_cards.py``'s table (each figure with its
+    datasheet), matched on the exact card ``torch.cuda.get_device_name`` reports: an "NVIDIA H100 PCIe" is 756
+    TFLOPS, not the SXM card's 989.4."""
     if device.type != "cuda":
         return None
-    from ..predict.hardware import peak_flops_for
-
     name = torch.cuda.get_device_name(device)
     peak = peak_flops_for(name)
     if peak is None and name not in _UNKNOWN_CARDS:
         _UNKNOWN_CARDS.add(name)
-        print(f"note: no bf16 peak known for {name!r} (cards of predict/hardware.yaml): MFU is null", file=sys.stderr)
+        print(f"note: no bf16 peak known for {name!r} (ladder_train/gpu_cards.py): MFU is null", file=sys.stderr)
     return peak
 
 

@@ -1,8 +1,9 @@
 """The emulated-link sweep: ladder-bench rows of one model at several link latencies X, beside what the
-serialised-link model predicts from the measured module times.
+serialised-link model predicts from the measured module times (ladder-report's section and docs/benchmarks.md's
+table).
 
-The prediction is ``ladder-predict``'s timeline (``predict/perfmodel.py``: ``step_ops`` / ``simulate``) fed with this
-bench's own measurements: the per-module decode compute on one rank (``module_ms``), the rest of the
+The prediction is ``ladder-predict``'s timeline (``predict/perfmodel.py``: ``step_ops`` / ``simulate``) fed with the
+rows' own measurements: the per-module decode compute on one rank (``module_ms``), the rest of the
 step (embedding, final norm, head: the no-communication decode time minus L x (attention + MLP)), and a
 link that holds every all-reduce X ms on one serialised channel. It leaves out what gloo itself costs on
 top of X, so it is the curve an ideal emulated link would give; the distance of the measured points from
@@ -14,8 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..plots import new_figure, save_figure
-from ..predict.perfmodel import simulate, step_ops
-from ..predict.shapes import shape_from_fields
+from ..predict import shape_from_fields, simulate, step_ops
 
 
 def is_sweep(rows: list[dict]) -> bool:

@@ -1,0 +1,111 @@
+"""What one ladder-bench invocation measures (``BenchOptions``; ``cli/bench.py`` builds it from the flags), and
+the check of all of it before any process starts (``measurements``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import verify_checkpoint
+from ..errors import InputError
+from ..loading import resolve_source
+from ..model import RESIDUAL_LAYOUTS
+from ..model.tp_sharding import check_tp_degree
+from ..option_errors import OptionError
+
+COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """``models``: preset names, export folders or training checkpoints; ``layouts``: for presets (a saved model
+    has its own); ``overrides``: ModelArgs fields of a preset; ``tp``: the TP degree (None: 1, or torchrun's world
+    size); ``link_latency_ms`` / ``link_bandwidth_gbs``: an emulated serialised link (0 / None: the real one);
+    ``runs``: timed runs per case (None: 10 on a GPU, 3 on the CPU); ``compile``: auto (on with CUDA), on or off;
+    ``ceiling``: also measure without communication; ``out``: JSON lines file appended to; ``profile``: a folder
+    to trace one more generation of each case into."""
+
+    models: tuple[str, ...]
+    layouts: tuple[str, ...] = RESIDUAL_LAYOUTS
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    overrides: dict = field(default_factory=dict)
+    prompt_len: int = 1024
+    gen_len: int = 512
+    tp: int | None = None
+    link_latency_ms: float = 0.0
+    link_bandwidth_gbs: float | None = None
+    warmup: int = 1
+    runs: int | None = None
+    compile: str = "auto"
+    compile_backend: str = "inductor"
+    ceiling: bool = True
+    seed: int = 0
+    out: str | None = None
+    profile: str | None = None
+
+    @property
+    def emulated_link(self) -> bool:
+        return bool(self.link_latency_ms or self.link_bandwidth_gbs)
+
+
+def is_saved_model(source: str) -> bool:
+    return os.path.isdir(source)
+
+
+def measurements(options: BenchOptions, tp: int) -> list[tuple[str, str]]:
+    """The (model source, layout) pairs to measure; validates everything before any process starts."""
+    _check_settings(options)
+    pairs = []
+    for source in options.models:
+        try:
+            found = resolve_source(source, **(options.overrides if not is_saved_model(source) else {}))
+            args, kind = found.args, found.kind
+            check_tp_degree(args, tp, source)
+            if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
+                verify_checkpoint(Path(source), no_dist=True)
+        except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
+            raise InputError(str(err)) from None
+        if options.prompt_len + options.gen_len > args.max_seq_len:
+            raise OptionError(
+                "{source}: {prompt_len} + {gen_len} exceed max_seq_len={max_seq_len}",
+                source=source,
+                max_seq_len=args.max_seq_len,
+            )
+        pairs += [(source, layout) for layout in options.layouts] if kind == "preset" else [(source, args.residual)]
+    return pairs
+
+
+def _check_settings(options: BenchOptions) -> None:
+    """Every option but the models, each refused in one line naming it."""
+    layouts = options.layouts
+    if not layouts or any(v not in RESIDUAL_LAYOUTS for v in layouts):
+        raise OptionError(
+            "{layouts} {given!r}: each must be one of {known}",
+            given=",".join(layouts),
+            known=", ".join(RESIDUAL_LAYOUTS),
+        )
+    runs_ok = options.runs is None or options.runs >= 1
+    if options.gen_len < 2 or options.prompt_len < 1 or not runs_ok or options.warmup < 0:
+        raise OptionError("need {gen_len} >= 2, {prompt_len} >= 1, {runs} >= 1, {warmup} >= 0")
+    if options.link_latency_ms < 0 or (options.link_bandwidth_gbs is not None and options.link_bandwidth_gbs <= 0):
+        raise OptionError("{link_latency_ms} must be >= 0 and {link_bandwidth_gbs} > 0")
+    if options.compile == "on" and options.emulated_link:
+        raise OptionError("the emulated link sleeps on the host and needs {compile} off")
+    if options.emulated_link and torch.cuda.is_available():  # a host sleep does not delay the GPU's stream
+        raise OptionError(
+            "{link_latency_ms} / {link_bandwidth_gbs} emulate a link on the CPU only (host sleeps do not delay a "
+            "GPU's stream): on a GPU the benchmark measures the real interconnect"
+        )
+    out = Path(options.out) if options.out else None
+    if out and (out.is_dir() or any(p.exists() and not p.is_dir() for p in out.parents)):
+        raise OptionError("{out} {path}: not a file path whose folders can be made", path=options.out)
+    if options.profile and Path(options.profile).exists() and not Path(options.profile).is_dir():
+        raise OptionError("{profile} {path}: not a folder", path=options.profile)
+    if options.compile == "on" and options.warmup < COMPILED_WARMUP:
+        raise OptionError(
+            "{compile} on needs {warmup} >= {needed} (the first run compiles, the second records the CUDA graphs)",
+            needed=COMPILED_WARMUP,
+        )

@@ -1,0 +1,102 @@
+"""The rows of ladder-bench's results: one JSON object per case and batch size, appended as a line to a JSON lines
+file (``--out``). ladder-bench writes them; ladder-predict ``--compare`` and ladder-report read them back.
+
+``FIELDS`` names every field a row may hold and what it means; ``read_bench`` and ``write_rows`` are the file's
+one reader and writer. Times are milliseconds, the medians over the timed runs unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import InputError
+
+# a distribution over the timed runs (bench/results.py ``distribution``): p50, p90, p99, mean, sd, samples
+_DISTRIBUTION = "{p50, p90, p99, mean, sd (null for one run), samples (in run order)}"
+FIELDS = {
+    # the case
+    "model": "the --model source: a preset name, an export folder or a training checkpoint",
+    "shape": "L{n_layers}-d{dim}-h{n_heads}-f{ffn_dim}-v{vocab_size} (shape_name)",
+    "model_args": "every ModelArgs field of the model measured",
+    "layout": "residual layout: standard, parallel or ladder",
+    "batch": "sequences generated at once",
+    "prompt_len": "prompt tokens per sequence",
+    "gen_len": "new tokens per sequence (the first from the prefill)",
+    "runs": "timed runs per case",
+    "warmup": "untimed runs before them",
+    # the measurement
+    "prefill_ms": "the prefill, which gives the first token",
+    "decode_ms_per_token": "one decode step",
+    "tokens_per_s": "batch x gen_len / the whole generation's time (prefill included)",
+    "ttft_ms": f"time to first token: {_DISTRIBUTION}",
+    "tpot_ms": f"time per output token after it: {_DISTRIBUTION}",
+    "tokens_per_s_runs": f"tokens_per_s per run: {_DISTRIBUTION}",
+    "none": "the same figures with every all-reduce skipped (the no-communication ceiling), unless --no-ceiling",
+    "module_ms": "{attention, mlp}: one decode step's compute of layer 0's modules on one rank",
+    "weight_bytes_per_rank": "bytes of one rank's weights",
+    "decode_weight_read_gb_s": "weight_bytes_per_rank / decode_ms_per_token, in GB/s",
+    "peak_memory_gib": "peak memory of the batch size's runs",
+    "peak_memory_of": "what peak_memory_gib measures (CUDA allocated, or the process's peak RSS on the CPU)",
+    # derived within one invocation, against the standard row of the same shape and batch (bench/results.py)
+    "speedup_vs_standard": "tokens_per_s over standard's (the paper's speedup)",
+    "decode_speedup_vs_standard": "standard's decode_ms_per_token over this row's",
+    "ceiling_decode_speedup_vs_standard": "standard's decode_ms_per_token over this row's without communication",
+    "comm_share": "1 - standard's decode time without communication / with it",
+    "overlap_efficiency": "the ladder's (t(standard) - t) / min(t(standard) - t(none, standard), t(none, standard))",
+    # the setting, equal for every row of one invocation
+    "device": "the GPU's name, or cpu (N cores)",
+    "host": "the machine's network name",
+    "cpu_model": "the processor's name",
+    "torch": "torch's version",
+    "nccl": "NCCL's version on a GPU, else null",
+    "backend": "nccl or gloo",
+    "env": "the NCCL, CUDA and OpenMP environment variables that were set",
+    "tp": "tensor-parallel degree",
+    "dtype": "the weights' dtype",
+    "compiled": "whether the steps ran compiled (CUDA graphs on a GPU)",
+    "compile_backend": "torch.compile's backend, or null",
+    "compilations": "frames compiled over the invocation (compiled runs only)",
+    "emulated_link_latency_ms": "X: the emulated link holds every all-reduce this long (0: the real link)",
+    "link_bandwidth_gbs": "the emulated link's bandwidth in GB/s, or null (infinite)",
+    "link": "emulated serialised, gloo or nccl",
+    "date": "the day of the invocation",
+    "started": "when the invocation started (UTC, ISO 8601)",
+    "invocation": "an id no other invocation shares: the rows of one invocation are told apart by it",
+}
+WHERE = "_where"  # added by read_bench, never written: FILE:LINE of the row, for messages
+
+
+def shape_name(args) -> str:
+    """The ``shape`` field of a model's ModelArgs."""
+    return f"L{args.n_layers}-d{args.dim}-h{args.n_heads}-f{args.ffn_dim}-v{args.vocab_size}"
+
+
+def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
+    """The ladder-bench rows of a JSON lines file, each with ``WHERE`` (``FILE:LINE``) for messages. A missing
+    file, a line that is not JSON or a row without one of the keys ``need`` is an InputError of one line."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"benchmark results {path}: no such file")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+        missing = [key for key in need if key not in row]
+        if missing:
+            raise InputError(f"{path}:{number}: missing key {missing[0]!r} (not a ladder-bench row?)")
+        row[WHERE] = f"{path}:{number}"
+        rows.append(row)
+    return rows
+
+
+def write_rows(rows: list[dict], path: str | Path) -> None:
+    """Append ``rows`` to a JSON lines file (its folder made if needed)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
