@@ -73,9 +73,8 @@ class DataConfig:
     # documents are shuffled in consecutive blocks of this many (per loader worker, seeded by run.seed and the
     # epoch; resumes exactly); 0 = file order
     shuffle_buffer: int = 0
-    validation_source: str | None = (
-        None  # held-out documents for eval.val_every (its validation split); None = data.source's
-    )
+    # held-out documents for eval.val_every (its validation split); None = data.source's
+    validation_source: str | None = None
     # text: documents, every token scored (pretraining) | chat: conversations (a 'messages' column of
     # {role, content} lists) rendered with data.chat_template, the loss on assistant tokens only (SFT)
     format: str = "text"

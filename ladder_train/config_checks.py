@@ -27,6 +27,7 @@ CHOICES = {
 RANGES = {
     "data.seq_len": (lambda v: v >= 1, "at least 1"),
     "data.num_workers": (lambda v: v >= 0, ">= 0 (0 = tokenize in the trainer)"),
+    "data.shuffle_buffer": (lambda v: v >= 0, ">= 0 (0 = no shuffling)"),
     "train.max_steps": (lambda v: v is None or v >= 1, "at least 1, or null for the schedule's total_steps"),
     "train.max_nonfinite_skips": (lambda v: v >= 0, ">= 0"),
     "train.optimizer.lr": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 trains nothing)"),
@@ -119,8 +120,6 @@ def _check_training(cfg) -> None:
     m, t = cfg.model, cfg.train
     if t.log_every <= 0:
         raise ConfigError(f"key 'train.log_every' must be a positive number of steps, got {t.log_every}")
-    if cfg.data.shuffle_buffer < 0:
-        raise ConfigError(f"key 'data.shuffle_buffer' must be >= 0 (0 = no shuffling), got {cfg.data.shuffle_buffer}")
     if cfg.data.format == "chat" and not cfg.data.chat_template:
         raise ConfigError(
             "key 'data.chat_template' is required with data.format=chat: a model folder whose tokenizer_config.json "
@@ -208,5 +207,3 @@ def _check_data_sources(cfg) -> None:
             f"key 'eval.val_every'={cfg.eval.val_every} needs data.validation_source when training on token folders "
             "(they hold one split): ladder-data prepare SOURCE DIR --split validation, then data.validation_source=DIR"
         )
-
-

@@ -16,7 +16,16 @@ import torch
 from tokenizers import Tokenizer, pre_tokenizers
 
 from ladder_train.config import DataConfig
-from ladder_train.data import DataError, build_dataloader, byte_tokenizer, check_vocab, eos_id, load_tokenizer
+from ladder_train.data import (
+    DataError,
+    MicroBatchLoader,
+    as_loader,
+    build_dataloader,
+    byte_tokenizer,
+    check_vocab,
+    eos_id,
+    load_tokenizer,
+)
 from ladder_train.data.sources import local_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -265,6 +274,28 @@ def test_shuffle_is_seeded_and_a_resume_under_another_shuffle_is_refused(tmp_pat
         other.load_state_dict(state)
 
 
+def test_the_stream_loader_keeps_its_position_per_rank(tmp_path):
+    """As the trainer sees it (MicroBatchLoader): no global position, a token-file one refused, and where it
+    continues after each kind of restore."""
+    source = write_jsonl(tmp_path / "docs.jsonl", [f"doc {i:02d} " + "xy" * i for i in range(20)])
+    cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=15)
+    loader = build_dataloader(cfg, byte_tokenizer(), 2, num_workers=0)
+    assert isinstance(loader, MicroBatchLoader) and loader.global_state() is None
+    assert loader.describe() == "the data stream starts at its beginning"
+    next(iter(loader))
+    resumed = build_dataloader(cfg, byte_tokenizer(), 2, num_workers=0)
+    resumed.load_global_state(None)
+    resumed.load_state_dict(loader.state_dict())
+    assert resumed.describe() == "the data stream continues at this rank's saved position"
+    resumed.load_state_dict(None)  # a checkpoint of another world size holds no position for this rank
+    assert resumed.describe() == "the data stream is re-split per rank and starts again from its beginning"
+    with pytest.raises(DataError, match=r"^data: the checkpoint was trained on token folders \(3 global batches"):
+        resumed.load_global_state({"kind": "token_files", "global_batches": 3})
+    given = as_loader([(torch.zeros(1, 15), torch.zeros(1, 15))])  # batches handed to the trainer: no position
+    assert isinstance(given, MicroBatchLoader) and given.state_dict() is None and len(list(given)) == 1
+    assert as_loader(loader) is loader
+
+
 # -- the offline smoke corpus ----------------------------------------------------------------------------
 
 
@@ -365,10 +396,22 @@ def test_prepared_shards_give_the_same_windows(shared_dir, tmp_path):
     source = write_parquet(tmp_path / "docs" / "train-0.parquet", fineweb_texts(shared_dir, 8))
     tokenizer = str(shared_dir / "tokenizers/starcoder/tokenizer.json")
     done = subprocess.run(
-        [sys.executable, str(REPO / "data/prepare.py"), "--source", str(source.parent), "--tokenizer", tokenizer,
-         "--out", str(tmp_path / "prepared"), "--docs-per-shard", "3"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "data/prepare.py"),
+            "--source",
+            str(source.parent),
+            "--tokenizer",
+            tokenizer,
+            "--out",
+            str(tmp_path / "prepared"),
+            "--docs-per-shard",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == [f"train-0000{i}.parquet" for i in range(3)]
     tok = starcoder(shared_dir)
@@ -385,8 +428,17 @@ def test_malformed_jsonl_line_after_the_first_is_one_line_naming_file_and_line(t
     source = tmp_path / "docs.jsonl"
     good = [f'{{"text": "document {i} ' + "abc " * 50 + '"}' for i in range(40)]
     source.write_text("\n".join(good[:30] + ['{"text": "cut off', *good[30:]]) + "\n")
-    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
-           f"run.dir={tmp_path / 'run'}", f"data.source={source}", "data.num_workers=2", "train.max_steps=50"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={tmp_path / 'run'}",
+        f"data.source={source}",
+        "data.num_workers=2",
+        "train.max_steps=50",
+    ]
     done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]

@@ -27,10 +27,20 @@ SEQ, GLOBAL, VOCAB, STEPS = 16, 8, 256, 5
 
 def tiny_config(residual: str, micro: int, tmp: str, **extra):
     return tiny_run_config(
-        tmp, VOCAB, SEQ, residual, **{"train.global_batch_size": GLOBAL, "train.micro_batch_size": micro,
-        "train.max_steps": STEPS, "train.optimizer.lr": 3e-3, "train.schedule.warmup_steps": 2,
-        "train.schedule.total_steps": 10, **extra}
-    )  # fmt: skip
+        tmp,
+        VOCAB,
+        SEQ,
+        residual,
+        **{
+            "train.global_batch_size": GLOBAL,
+            "train.micro_batch_size": micro,
+            "train.max_steps": STEPS,
+            "train.optimizer.lr": 3e-3,
+            "train.schedule.warmup_steps": 2,
+            "train.schedule.total_steps": 10,
+            **extra,
+        },
+    )
 
 
 def global_batches(rank: int, world: int, micro: int):
@@ -282,11 +292,29 @@ def test_loader_workers_die_with_a_killed_trainer(tmp_path):
 
     # batches of 8 x 2048 tokens (~260 kB) fill the worker -> trainer pipe, where an orphaned worker used to
     # block forever (the trainer is slow to take them: each step trains on one)
-    cmd = [sys.executable, "-u", "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
-           f"run.dir={tmp_path / 'run'}", "model.max_seq_len=2048", "data.seq_len=2048", "data.num_workers=2",
-           "train.micro_batch_size=8", "train.max_steps=1000", "train.log_every=1"]  # fmt: skip
-    trainer = subprocess.Popen(cmd, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-u",
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={tmp_path / 'run'}",
+        "model.max_seq_len=2048",
+        "data.seq_len=2048",
+        "data.num_workers=2",
+        "train.micro_batch_size=8",
+        "train.max_steps=1000",
+        "train.log_every=1",
+    ]
+    trainer = subprocess.Popen(
+        cmd,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     workers: set[int] = set()
     try:
         for line in trainer.stdout:  # the first step is logged once the workers are delivering batches
@@ -313,12 +341,31 @@ def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path):
     import time
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-           "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "-m", "ladder_train.train",
-           "--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "train.max_steps=2000",
-           "train.log_every=1", "data.num_workers=0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        "--signals-to-handle",
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.max_steps=2000",
+        "train.log_every=1",
+        "data.num_workers=0",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         metrics = run_dir / "metrics.jsonl"
         deadline = time.monotonic() + 240
@@ -338,6 +385,22 @@ def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path):
 
 
 # -- the evaluator: lm-eval at the end of a run, and ranks that wait for it ---------------------------------
+
+
+def test_the_evaluator_decides_its_steps(tmp_path):
+    from ladder_train.train.evaluator import Evaluator
+
+    settings = {"eval.val_every": 4, "eval.every": 2, "checkpoint.every": 3, "eval.tasks": "[fake_task]"}
+    evaluator = Evaluator(tiny_config("ladder", 8, str(tmp_path), **settings), None, tmp_path, None, 2, None)
+    assert [s for s in range(1, 13) if evaluator.should_validate(s)] == [4, 8, 12]
+    assert evaluator.should_validate(10, last=True)  # the run's last step, validated once
+    evaluator.validate(None, 10, 0, None)  # no tokenizer (fixed batches): nothing to validate, but it is done
+    assert not evaluator.should_validate(10, last=True)
+    # lm-eval on every second periodic checkpoint (3, 6, 9, 12: 6 and 12) and the final one
+    assert [s for s in (3, 6, 9, 12) if evaluator.should_evaluate(s)] == [6, 12]
+    assert evaluator.should_evaluate(13, last=True)
+    quiet = Evaluator(tiny_config("ladder", 8, str(tmp_path), **{"eval.at_end": False}), None, tmp_path, None, 2, None)
+    assert not quiet.should_evaluate(13, last=True) and not quiet.should_validate(13, last=True)
 
 
 @pytest.mark.slow
@@ -404,9 +467,18 @@ def _train_with_slow_eval(run_dir: str) -> tuple[int, list[str]]:
         return {"fake_task": {"acc": 0.5}}
 
     evaluation.evaluate = slow_evaluate
-    argv = ["--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "parallel.timeout_s=5",
-            "train.max_steps=2", "train.log_every=1", "data.num_workers=0", "eval.at_end=true",
-            "eval.tasks=[fake_task]", "wandb.mode=disabled"]  # fmt: skip
+    argv = [
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "parallel.timeout_s=5",
+        "train.max_steps=2",
+        "train.log_every=1",
+        "data.num_workers=0",
+        "eval.at_end=true",
+        "eval.tasks=[fake_task]",
+        "wandb.mode=disabled",
+    ]
     code = main(argv)
     return code, sorted(p.name for p in (Path(run_dir) / "checkpoints").iterdir())
 
@@ -457,10 +529,25 @@ def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig):
     import signal
 
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
-           f"run.dir={run_dir}", "train.max_steps=5000", "train.log_every=1", "data.num_workers=1"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env={**os.environ, **OFFLINE}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.max_steps=5000",
+        "train.log_every=1",
+        "data.num_workers=1",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait_for_steps(proc, run_dir / "metrics.jsonl", 3)
         os.killpg(proc.pid, getattr(signal, sig))  # the whole process group, as a terminal's Ctrl-C or hangup does
@@ -481,11 +568,28 @@ def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_p
     import signal
 
     run_dir = tmp_path / "run"
-    base = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-            "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}",
-            "train.log_every=1", "data.num_workers=1", "checkpoint.every=5"]  # fmt: skip
-    proc = subprocess.Popen([*base, "train.max_steps=5000"], env={**os.environ, **OFFLINE},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    base = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.log_every=1",
+        "data.num_workers=1",
+        "checkpoint.every=5",
+    ]
+    proc = subprocess.Popen(
+        [*base, "train.max_steps=5000"],
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     run = set()
     try:
         _wait_for_steps(proc, run_dir / "metrics.jsonl", 7)
@@ -501,8 +605,13 @@ def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_p
     saved = max(
         int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMPLETE").is_file()
     )
-    done = subprocess.run([*base, f"train.max_steps={saved + 2}"], env={**os.environ, **OFFLINE},
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [*base, f"train.max_steps={saved + 2}"],
+        env={**os.environ, **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resuming from {run_dir / 'checkpoints' / f'step-{saved}'} at step {saved}" in done.stdout
 
@@ -510,8 +619,15 @@ def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_p
 @pytest.mark.slow
 def test_a_run_refused_as_bad_input_leaves_no_run_folder(tmp_path):
     run_dir = tmp_path / "new_run"
-    cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes/smoke.yaml"),
-           f"run.dir={run_dir}", f"data.source={tmp_path / 'missing'}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        f"data.source={tmp_path / 'missing'}",
+    ]
     done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("ladder-train: error: ")

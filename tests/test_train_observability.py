@@ -24,9 +24,11 @@ SEQ, VOCAB = 16, 64
 
 def tiny_config(run_dir: str, steps: int, **extra):
     return tiny_run_config(
-        run_dir, VOCAB, SEQ, **{"train.global_batch_size": 4, "train.micro_batch_size": 2, "train.max_steps": steps,
-        **extra}
-    )  # fmt: skip
+        run_dir,
+        VOCAB,
+        SEQ,
+        **{"train.global_batch_size": 4, "train.micro_batch_size": 2, "train.max_steps": steps, **extra},
+    )
 
 
 def random_batches(rank: int):
@@ -253,9 +255,20 @@ def _smoke_run_with_tensorboard(run_dir: str) -> int:
         return {"fake_task": {"acc": 0.625, "acc_norm": 0.5}}
 
     evaluation.evaluate = fake_evaluate
-    argv = ["--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "train.max_steps=6",
-            "train.log_every=2", "data.num_workers=0", "eval.val_every=3", "eval.val_batches=2",
-            "eval.at_end=true", "eval.tasks=[fake_task]", "wandb.mode=disabled", "tensorboard.enabled=true"]  # fmt: skip
+    argv = [
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.max_steps=6",
+        "train.log_every=2",
+        "data.num_workers=0",
+        "eval.val_every=3",
+        "eval.val_batches=2",
+        "eval.at_end=true",
+        "eval.tasks=[fake_task]",
+        "wandb.mode=disabled",
+        "tensorboard.enabled=true",
+    ]
     return main(argv)
 
 

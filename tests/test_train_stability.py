@@ -17,7 +17,14 @@ from test_train import GLOBAL, SEQ, VOCAB, tiny_config
 
 from ladder_train.config import ConfigError, load_config
 from ladder_train.train.optim import apply_schedule, build_optimizer, build_scheduler, lr_factor, wsd_factor
-from ladder_train.train.stability import MIN_RELATIVE_STD, SpikeDetector
+from ladder_train.train.stability import (
+    MIN_RELATIVE_STD,
+    LossSpikeStop,
+    NonFiniteLossError,
+    SpikeDetector,
+    StabilityGuard,
+    Verdict,
+)
 
 # -- the detector ------------------------------------------------------------------------------------------------
 
@@ -48,12 +55,56 @@ def test_spike_detector_is_one_sided_and_floors_the_deviation():
     assert restored.z_scores({"loss": 9.0}) == detector.z_scores({"loss": 9.0})  # a resume judges alike
 
 
+# -- the guard's verdict: one call per step --------------------------------------------------------------------
+
+
+def guard_of(tmp_path, **overrides) -> StabilityGuard:
+    settings = {"train.spike.window": 3, "train.spike.threshold": 6, **overrides}
+    return StabilityGuard(tiny_config("ladder", 8, str(tmp_path), **settings).train, tmp_path, is_main=True)
+
+
+def test_the_verdict_skips_nonfinite_updates_up_to_the_limit_then_fails(tmp_path, capsys):
+    guard = guard_of(tmp_path, **{"train.max_nonfinite_skips": 1})
+    assert guard.judge(1, 2.0, 1.0) == Verdict(update=True)  # detector off: no spike count either
+    skipped = guard.judge(2, math.nan, 1.0)
+    assert (
+        skipped == Verdict(update=False) and "step 2: loss nan / grad norm 1.0 is not finite" in capsys.readouterr().out
+    )
+    failed = guard.judge(3, 2.0, math.inf)
+    assert not failed.update and isinstance(failed.fail, NonFiniteLossError) and failed.stop is None
+    assert str(failed.fail).startswith("step 3: loss 2.0 / grad norm inf is not finite; stopping")
+    assert guard.state_dict()["nonfinite_skips"] == 2
+
+
+@pytest.mark.parametrize("action, update", [("log", True), ("skip", False), ("stop", False)])
+def test_the_verdict_of_a_spike_under_each_action(tmp_path, action, update):
+    guard = guard_of(tmp_path, **{"train.spike.enabled": True, "train.spike.action": action})
+    for step in (1, 2, 3):
+        assert guard.next_global_batch(lambda: None) == step
+        assert guard.judge(step, 2.0 + step / 100, 1.0) == Verdict(update=True, spikes=0)
+    guard.next_global_batch(lambda: None)
+    verdict = guard.judge(4, 50.0, 1.0)
+    assert verdict.update is update and verdict.spikes == 1 and verdict.spike_z["loss"] > 6
+    assert verdict.record() == {"spike": 1, "spike_z_loss": verdict.spike_z["loss"], "spike_z_grad_norm": 0.0}
+    assert verdict.counts() == {"spikes": 1}
+    assert isinstance(verdict.stop, LossSpikeStop) is (action == "stop")
+    recorded = tmp_path / "skip_batches.json"
+    assert recorded.is_file() is (action == "stop")
+    if action == "stop":  # a restart's guard drops batch 4 before its step, whatever the step counter says
+        assert json.loads(recorded.read_text())["batches"] == [4]
+        restarted = guard_of(tmp_path, **{"train.spike.enabled": True, "train.spike.action": action})
+        restarted.load_state_dict({**guard.state_dict(), "batches_drawn": 3})
+        dropped = []
+        assert restarted.next_global_batch(lambda: dropped.append(4)) == 5 and dropped == [4]
+
+
 # -- spikes in training: fixed, numbered batches and a poisoned one -----------------------------------------------
 
 
 class NumberedBatches:
     """This rank's micro-batches of fixed global batches; every token of column 0 is the global batch's number
-    (1-based). Resumable like the real loader: the trainer saves and restores ``state_dict``."""
+    (1-based). A MicroBatchLoader with a per-rank position, like the on-the-fly loader: the trainer saves and
+    restores ``state_dict``."""
 
     def __init__(self, rank: int, world: int, micro: int):
         self.rank, self.world, self.micro = rank, world, micro
@@ -75,8 +126,20 @@ class NumberedBatches:
     def state_dict(self) -> dict:
         return {"position": self.position}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.position = state["position"]
+    def load_state_dict(self, state: dict | None) -> None:
+        self.position = 0 if state is None else state["position"]
+
+    def global_state(self) -> None:
+        return None
+
+    def load_global_state(self, state: dict | None) -> None:
+        assert state is None
+
+    def describe(self) -> str:
+        return f"numbered batches from micro-batch {self.position}"
+
+    def close(self) -> None:
+        pass
 
 
 def spiky_trainer(env, run_dir: str, poisoned: set[int], trained: list[int], **overrides):
@@ -84,8 +147,14 @@ def spiky_trainer(env, run_dir: str, poisoned: set[int], trained: list[int], **o
     loss spike); ``trained`` collects the number of every batch a forward ran on."""
     from ladder_train.train import Trainer
 
-    settings = {"train.max_steps": 10, "train.schedule.total_steps": 10, "train.spike.enabled": True,
-                "train.spike.window": 4, "train.spike.threshold": 20, **overrides}  # fmt: skip
+    settings = {
+        "train.max_steps": 10,
+        "train.schedule.total_steps": 10,
+        "train.spike.enabled": True,
+        "train.spike.window": 4,
+        "train.spike.threshold": 20,
+        **overrides,
+    }
     cfg = tiny_config("ladder", 8 // env.world_size, run_dir, **settings)
     trainer = Trainer(cfg, env, batches=NumberedBatches(env.rank, env.world_size, 8 // env.world_size))
     original_forward = trainer.model.forward
@@ -185,8 +254,14 @@ def _stop_and_restart(run_dir: str) -> dict:
     with contextlib.redirect_stdout(console):
         history = second.train()
     dist.destroy_process_group()
-    return {"stopped": stopped, "first_batches": first_batches, "resumed_at": resumed_at, "history": history,
-            "second_batches": second_batches, "console": console.getvalue()}  # fmt: skip
+    return {
+        "stopped": stopped,
+        "first_batches": first_batches,
+        "resumed_at": resumed_at,
+        "history": history,
+        "second_batches": second_batches,
+        "console": console.getvalue(),
+    }
 
 
 @pytest.mark.slow
@@ -258,9 +333,16 @@ def test_build_scheduler_cosine_unchanged_and_wsd_defaults():
     assert wsd == [wsd_factor(n, 10, 100, 20, 0.1, "sqrt") for n in range(1, 101)]
     assert wsd[79] == 1.0 and wsd[89] == pytest.approx(0.1 + 0.9 * (1 - math.sqrt(0.5)))
     # decay_steps beats decay_fraction; token counts resolve as for cosine (2 sequences of 2 tokens per step)
-    tokens = ["train.schedule.kind=wsd", "train.schedule.warmup_tokens=40", "train.schedule.total_tokens=400",
-              "train.schedule.decay_steps=30", "train.schedule.decay_shape=linear",
-              "train.global_batch_size=2", "train.micro_batch_size=2", "data.seq_len=2"]  # fmt: skip
+    tokens = [
+        "train.schedule.kind=wsd",
+        "train.schedule.warmup_tokens=40",
+        "train.schedule.total_tokens=400",
+        "train.schedule.decay_steps=30",
+        "train.schedule.decay_shape=linear",
+        "train.global_batch_size=2",
+        "train.micro_batch_size=2",
+        "data.seq_len=2",
+    ]
     assert schedule_lrs(tokens, 100, tokens_per_step=4) == [
         wsd_factor(n, 10, 100, 30, 0.1, "linear") for n in range(1, 101)
     ]
@@ -270,8 +352,15 @@ def test_a_resumed_scheduler_follows_its_own_total_steps_from_the_first_step():
     """The optimizer's saved lr belongs to the schedule it was saved under; apply_schedule replaces it."""
 
     def build(total: int):
-        cfg = load_config(None, ["train.schedule.kind=wsd", "train.schedule.warmup_steps=2",
-                                 f"train.schedule.total_steps={total}", "train.schedule.decay_fraction=0.5"])  # fmt: skip
+        cfg = load_config(
+            None,
+            [
+                "train.schedule.kind=wsd",
+                "train.schedule.warmup_steps=2",
+                f"train.schedule.total_steps={total}",
+                "train.schedule.decay_fraction=0.5",
+            ],
+        )
         optimizer = build_optimizer(torch.nn.Linear(2, 2), cfg.train.optimizer)
         return optimizer, build_scheduler(optimizer, cfg.train.schedule, 1)
 
@@ -296,8 +385,13 @@ def _wsd_lrs(run_dir: str, plans: list[dict]) -> list[list[tuple[int, float, flo
     env = init_distributed()
     runs = []
     for plan in plans:
-        settings = {"train.spike.enabled": False, "train.schedule.kind": "wsd", "train.schedule.decay_fraction": 0.5,
-                    "train.schedule.decay_shape": "linear", **plan}  # fmt: skip
+        settings = {
+            "train.spike.enabled": False,
+            "train.schedule.kind": "wsd",
+            "train.schedule.decay_fraction": 0.5,
+            "train.schedule.decay_shape": "linear",
+            **plan,
+        }
         trainer = spiky_trainer(env, run_dir, set(), [], **settings)
         runs.append([(r["step"], r["lr"], r["loss"]) for r in trainer.train()])
     dist.destroy_process_group()
@@ -357,6 +451,13 @@ def test_bad_stability_and_schedule_values_are_refused_naming_the_key(override, 
 
 
 def test_a_decay_that_fits_exactly_and_selective_checkpointing_are_valid():
-    cfg = load_config(None, ["train.schedule.kind=wsd", "train.schedule.decay_steps=23000", "train.spike.action=stop",
-                             "parallel.activation_checkpoint=selective"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "train.schedule.kind=wsd",
+            "train.schedule.decay_steps=23000",
+            "train.spike.action=stop",
+            "parallel.activation_checkpoint=selective",
+        ],
+    )
     assert cfg.train.schedule.decay_steps + cfg.train.schedule.warmup_steps == cfg.train.schedule.total_steps

@@ -6,6 +6,10 @@ loader = build_dataloader(cfg.data, tokenizer=tok, batch_size=micro, dp_rank=r, 
 for inputs, labels in loader: ...          # LongTensor (batch, seq_len) each
 state = loader.state_dict(); loader.load_state_dict(state)   # exact resume
 
+Every loader ``build_dataloader`` returns is a :class:`MicroBatchLoader` (protocol.py): the micro-batches, its
+position per rank (``state_dict``) or shared by every rank (``global_state``) and their restores, ``describe()``
+and ``close()``; the trainer asks nothing else of its data.
+
 With ``data.format: chat`` the documents are conversations and the labels are -100 except on the assistant's
 tokens (conversations.py).
 
@@ -20,6 +24,7 @@ from .errors import DataError
 from .loader import PackedDataLoader, build_dataloader
 from .model_files import run_tokenizer_config_folder, stop_tokens, tokenizer_config_folder
 from .packing import PackedWindows, collate_windows
+from .protocol import MicroBatchLoader, as_loader
 from .sources import STDLIB_SOURCE, open_source
 from .tokenizer import BYTE_TOKENIZER, byte_tokenizer, check_vocab, eos_id, load_tokenizer, model_tokenizer
 
@@ -28,8 +33,10 @@ __all__ = [
     "STDLIB_SOURCE",
     "ChatTemplate",
     "DataError",
+    "MicroBatchLoader",
     "PackedDataLoader",
     "PackedWindows",
+    "as_loader",
     "build_dataloader",
     "byte_tokenizer",
     "check_vocab",

@@ -24,12 +24,15 @@ from datasets.distributed import split_dataset_by_node
 from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from ..config import DataConfig
 from ..folders import is_token_folder
 from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
 from .errors import DataError
 from .packing import PackedWindows, collate_windows
+from .protocol import MicroBatchLoader
 from .sources import bad_row_message, open_source, read_error_message
+from .token_loader import refuse_stream_resume, token_loader
 from .tokenizer import eos_id
 
 log = logging.getLogger(__name__)
@@ -41,16 +44,20 @@ FORMATS = ("text", "chat")  # data.format
 class PackedDataLoader(StatefulDataLoader):
     """A StatefulDataLoader whose state also records what it was built for (source, split, seq_len, rank,
     world size, workers), so a resume with a different data setup stops with a clear message instead of
-    silently reading other data."""
+    silently reading other data. Its position is per rank (a :class:`MicroBatchLoader` without a global one)."""
 
     def __init__(self, *args, fingerprint: dict[str, Any], **kwargs):
         super().__init__(*args, **kwargs)
         self.fingerprint = fingerprint
+        self._position = "the data stream starts at its beginning"
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), _FINGERPRINT: dict(self.fingerprint)}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any] | None) -> None:
+        if state_dict is None:  # saved on another world size: this rank's part of the stream is another
+            self._position = "the data stream is re-split per rank and starts again from its beginning"
+            return
         state_dict = dict(state_dict)
         saved = state_dict.pop(_FINGERPRINT, None)
         if saved is not None:
@@ -64,6 +71,16 @@ class PackedDataLoader(StatefulDataLoader):
                 f"data loader state was saved for another data setup ({diff}); resume with the same data.* and ranks"
             )
         super().load_state_dict(state_dict)
+        self._position = "the data stream continues at this rank's saved position"
+
+    def global_state(self) -> None:
+        return None
+
+    def load_global_state(self, state: dict | None) -> None:
+        refuse_stream_resume(state)
+
+    def describe(self) -> str:
+        return self._position
 
     def __iter__(self):
         return _one_line_errors(super().__iter__())
@@ -134,7 +151,7 @@ def _exit_after_grace(signum, frame) -> None:
 
 
 def build_dataloader(
-    data_cfg,
+    data_cfg: DataConfig,
     tokenizer: Tokenizer,
     batch_size: int,
     dp_rank: int = 0,
@@ -145,7 +162,7 @@ def build_dataloader(
     num_workers: int | None = None,
     cycle: bool | None = None,
     global_batch_size: int | None = None,
-) -> PackedDataLoader:
+) -> MicroBatchLoader:
     """Batches of ``(inputs, labels)``, LongTensor ``(batch_size, data_cfg.seq_len)`` each, for one
     data-parallel rank.
 
@@ -170,62 +187,91 @@ def build_dataloader(
     if source is None:
         source = data_cfg.source if training else (data_cfg.validation_source or data_cfg.source)
     cycle = training if cycle is None else cycle
-    if (training and getattr(data_cfg, "sources", None)) or is_token_folder(source):
-        from .token_loader import token_loader
-
-        return token_loader(data_cfg, tokenizer, source, training, batch_size, dp_rank, dp_world_size, seed,
-                            global_batch_size, cycle)  # fmt: skip
+    if (training and data_cfg.sources) or is_token_folder(source):
+        return token_loader(
+            data_cfg, tokenizer, source, training, batch_size, dp_rank, dp_world_size, seed, global_batch_size, cycle
+        )
     num_workers = data_cfg.num_workers if num_workers is None else num_workers
-    return _stream_loader(data_cfg, tokenizer, batch_size, dp_rank, dp_world_size, seed, split, str(source),
-                          num_workers, cycle, training)  # fmt: skip
-
-
-def _stream_loader(data_cfg, tokenizer: Tokenizer, batch_size: int, dp_rank: int, dp_world_size: int, seed: int,
-                   split: str, source: str, num_workers: int, cycle: bool, training: bool) -> PackedDataLoader:  # fmt: skip
-    """The on-the-fly path: documents streamed, tokenized and packed in the loader's workers."""
-    data_format = getattr(data_cfg, "format", "text")
-    encoder, column = (
-        _conversation_encoder(data_cfg, tokenizer) if data_format == "chat" else (None, data_cfg.text_column)
+    return _stream_loader(
+        data_cfg, tokenizer, batch_size, dp_rank, dp_world_size, seed, split, str(source), num_workers, cycle, training
     )
+
+
+def _stream_loader(
+    data_cfg: DataConfig,
+    tokenizer: Tokenizer,
+    batch_size: int,
+    dp_rank: int,
+    dp_world_size: int,
+    seed: int,
+    split: str,
+    source: str,
+    num_workers: int,
+    cycle: bool,
+    training: bool,
+) -> PackedDataLoader:
+    """The on-the-fly path: documents streamed, tokenized and packed in the loader's workers."""
+    chat = data_cfg.format == "chat"
+    encoder, column = _conversation_encoder(data_cfg, tokenizer) if chat else (None, data_cfg.text_column)
 
     documents = open_source(str(source), split, column, data_cfg.hub_config, chat=encoder is not None)
     documents = split_dataset_by_node(documents, rank=dp_rank, world_size=dp_world_size)
     if documents.num_shards % dp_world_size:
-        log.info("data: %d shards do not divide over %d ranks: each rank keeps every %d-th document",
-                 documents.num_shards, dp_world_size, dp_world_size)  # fmt: skip
+        log.info(
+            "data: %d shards do not divide over %d ranks: each rank keeps every %d-th document",
+            documents.num_shards,
+            dp_world_size,
+            dp_world_size,
+        )
     # only the training stream is shuffled: validation batches stay the same documents in the same order
-    shuffle_buffer = getattr(data_cfg, "shuffle_buffer", 0) if training else 0
+    shuffle_buffer = data_cfg.shuffle_buffer if training else 0
     windows = PackedWindows(
-        documents, tokenizer, data_cfg.seq_len, eos_id(tokenizer), column, cycle, str(source),
-        shuffle_buffer=shuffle_buffer, seed=seed,
+        documents,
+        tokenizer,
+        data_cfg.seq_len,
+        eos_id(tokenizer),
+        column,
+        cycle,
+        str(source),
+        shuffle_buffer=shuffle_buffer,
+        seed=seed,
         describe_read_error=functools.partial(read_error_message, str(source), split, column),
-        encoder=encoder, describe_bad_row=functools.partial(bad_row_message, str(source), split),
-    )  # fmt: skip
+        encoder=encoder,
+        describe_bad_row=functools.partial(bad_row_message, str(source), split),
+    )
     if num_workers > 0:  # set before the fork: workers inherit it and tokenizers does not warn about the fork
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    fingerprint = dict(
-        source=str(source), split=split, seq_len=data_cfg.seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size,
-        num_workers=num_workers, seed=seed, vocab_size=tokenizer.get_vocab_size(), shuffle_buffer=shuffle_buffer,
-        format=data_format,
-    )  # fmt: skip
+    fingerprint = {
+        "source": str(source),
+        "split": split,
+        "seq_len": data_cfg.seq_len,
+        "dp_rank": dp_rank,
+        "dp_world_size": dp_world_size,
+        "num_workers": num_workers,
+        "seed": seed,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "shuffle_buffer": shuffle_buffer,
+        "format": data_cfg.format,
+    }
     return _loader(windows, batch_size, num_workers, fingerprint)
 
 
-def _check_request(data_cfg, batch_size: int, dp_rank: int, dp_world_size: int) -> None:
+def _check_request(data_cfg: DataConfig, batch_size: int, dp_rank: int, dp_world_size: int) -> None:
     if not 0 <= dp_rank < dp_world_size:
         raise DataError(f"data: dp_rank {dp_rank} is outside dp_world_size {dp_world_size}")
     if batch_size <= 0:
         raise DataError(f"data: batch_size must be positive, got {batch_size}")
-    data_format = getattr(data_cfg, "format", "text")
-    if data_format not in FORMATS:
-        raise DataError(f"data.format: must be one of {', '.join(FORMATS)}, got {data_format!r}")
+    if data_cfg.format not in FORMATS:  # a DataConfig built in code skips the config's checks
+        raise DataError(f"data.format: must be one of {', '.join(FORMATS)}, got {data_cfg.format!r}")
 
 
-def _conversation_encoder(data_cfg, tokenizer: Tokenizer) -> tuple[ConversationEncoder, str]:
+def _conversation_encoder(data_cfg: DataConfig, tokenizer: Tokenizer) -> tuple[ConversationEncoder, str]:
     """data.format=chat: conversations rendered with the model's chat template, read from the messages column."""
     if not data_cfg.chat_template:
-        raise DataError("data.chat_template: required with data.format=chat (a model folder whose "
-                        "tokenizer_config.json holds the chat template)")  # fmt: skip
+        raise DataError(
+            "data.chat_template: required with data.format=chat (a model folder whose "
+            "tokenizer_config.json holds the chat template)"
+        )
     encoder = ConversationEncoder(load_template(str(data_cfg.chat_template)), tokenizer, eos_id(tokenizer))
     return encoder, CHAT_COLUMN
 

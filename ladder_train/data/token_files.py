@@ -86,7 +86,9 @@ class TokenFolder:
 def _read_meta(folder: Path) -> tuple[dict, str]:
     path = folder / TOKEN_FOLDER_META
     if not path.is_file():
-        raise DataError(f"{folder}: no {TOKEN_FOLDER_META}: not a token folder, or its ladder-data prepare did not finish")
+        raise DataError(
+            f"{folder}: no {TOKEN_FOLDER_META}: not a token folder, or its ladder-data prepare did not finish"
+        )
     raw = path.read_bytes()
     try:
         meta = json.loads(raw)

@@ -2,11 +2,11 @@
 validation windows in file order.
 
 Training (:class:`TokenFileLoader`) yields this rank's micro-batches of global batch b, b + 1, ... Its position is
-one number, the global batches consumed, the same on every rank: the trainer keeps it in its own checkpoint entry
-(saved once, restored at any world size) through :meth:`TokenFileLoader.global_state` and
-:meth:`~TokenFileLoader.load_global_state`, which refuses a resume whose seed, mixture, folders, global batch or
-sequence length differ (one line naming what changed). Reading is a copy out of the memory map, in the trainer's
-process: no worker processes and no per-rank state.
+one number, the global batches consumed, the same on every rank: its global state in the ``MicroBatchLoader`` sense
+(protocol.py), which the trainer keeps in its own checkpoint entry (saved once, restored at any world size).
+:meth:`TokenFileLoader.load_global_state` refuses a resume whose seed, mixture, folders, global batch or sequence
+length differ (one line naming what changed). Reading is a copy out of the memory map, in the trainer's process: no
+worker processes and no per-rank state.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from ..config import DataConfig
 from .errors import DataError, note
 from .global_order import GlobalOrder
 from .mixture import Mixture
@@ -51,8 +52,18 @@ def _as_batch(windows) -> tuple[torch.Tensor, torch.Tensor]:
 class TokenFileLoader:
     """This rank's micro-batches of the global order of ``folders`` mixed by ``weights`` (an endless iterable)."""
 
-    def __init__(self, folders, weights, names, seq_len: int, seed: int, global_batch: int, micro_batch: int,
-                 rank: int = 0, world: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        folders,
+        weights,
+        names,
+        seq_len: int,
+        seed: int,
+        global_batch: int,
+        micro_batch: int,
+        rank: int = 0,
+        world: int = 1,
+    ):
         if global_batch % (micro_batch * world):
             raise DataError(
                 f"train.global_batch_size={global_batch} is not a multiple of micro-batch {micro_batch} x {world} ranks"
@@ -89,7 +100,16 @@ class TokenFileLoader:
     def close(self) -> None:
         """Nothing to stop: no worker processes."""
 
-    # the trainer entry's data state ----------------------------------------------------------------------
+    def describe(self) -> str:
+        return f"the token-file order continues at global batch {self.global_batches + 1}, as on any world size"
+
+    # the position: global, in the trainer entry ------------------------------------------------------------
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Nothing per rank: the position is global."""
 
     def global_state(self) -> dict:
         """The data position and what it is a position in; the same on every rank."""
@@ -99,21 +119,26 @@ class TokenFileLoader:
             {"path": str(f.path), "weight": w, "meta_sha256": f.meta_sha256, "tokens": f.n_tokens}
             for f, w in zip(self.folders, self.weights, strict=True)
         ]
-        return {"kind": KIND, "global_batches": self.global_batches, "seed": self.seed,
-                "global_batch_size": self.mixture.global_batch, "seq_len": self.seq_len, "sources": sources}  # fmt: skip
+        return {
+            "kind": KIND,
+            "global_batches": self.global_batches,
+            "seed": self.seed,
+            "global_batch_size": self.mixture.global_batch,
+            "seq_len": self.seq_len,
+            "sources": sources,
+        }
 
-    def load_global_state(self, state: dict | None) -> str:
+    def load_global_state(self, state: dict | None) -> None:
         """Continue at the saved global batch; a changed seed, mixture, folder, global batch or sequence length is
-        refused in one line naming it (a silent change would repeat or skip instances). Returns what the resume line
-        says about the data."""
+        refused in one line naming it (a silent change would repeat or skip instances)."""
         if not isinstance(state, dict) or state.get("kind") != KIND:
             raise DataError(
                 "data: the checkpoint holds no token-file data position (it was trained on another data setup); "
                 "resume with its data.* or start from its weights with checkpoint.load_model_only=true"
             )
         now = self.global_state() | {"global_batches": state["global_batches"]}
-        for key, name in (("seed", "run.seed"), ("global_batch_size", "train.global_batch_size"),
-                          ("seq_len", "data.seq_len")):  # fmt: skip
+        checked = (("seed", "run.seed"), ("global_batch_size", "train.global_batch_size"), ("seq_len", "data.seq_len"))
+        for key, name in checked:
             if state[key] != now[key]:
                 raise DataError(
                     f"{name}: the checkpoint's token-file order was drawn with {name}={state[key]}, this run has "
@@ -121,7 +146,6 @@ class TokenFileLoader:
                 )
         _same_sources(state["sources"], now["sources"])
         self.global_batches, self._taken = int(state["global_batches"]), 0
-        return f"the token-file order continues at global batch {self.global_batches + 1}, as on any world size"
 
 
 def _same_sources(saved: list[dict], now: list[dict]) -> None:
@@ -129,8 +153,10 @@ def _same_sources(saved: list[dict], now: list[dict]) -> None:
         return ", ".join(f"{s['path']} ({s['weight']:g})" for s in sources)
 
     if [s["weight"] for s in saved] != [s["weight"] for s in now]:
-        raise DataError(f"data.sources: the checkpoint's mixture was {mix(saved)}, this run's is {mix(now)}; resume "
-                        "with the same sources and weights")  # fmt: skip
+        raise DataError(
+            f"data.sources: the checkpoint's mixture was {mix(saved)}, this run's is {mix(now)}; resume "
+            "with the same sources and weights"
+        )
     for k, (old, new) in enumerate(zip(saved, now, strict=True)):
         if old["meta_sha256"] != new["meta_sha256"]:
             raise DataError(
@@ -139,16 +165,15 @@ def _same_sources(saved: list[dict], now: list[dict]) -> None:
             )
 
 
-def refuse_stream_resume(state: dict | None) -> str:
+def refuse_stream_resume(state: dict | None) -> None:
     """A run reading documents on the fly cannot continue a checkpoint's token-file order: refused in one line
-    (its stream would start again from the beginning and repeat what the token files gave). Returns ""."""
+    (its stream would start again from the beginning and repeat what the token files gave)."""
     if isinstance(state, dict) and state.get("kind") == KIND:
         raise DataError(
             f"data: the checkpoint was trained on token folders ({state['global_batches']} global batches read); "
             "resume with the same data.source / data.sources folders, or start from its weights with "
             "checkpoint.load_model_only=true"
         )
-    return ""
 
 
 class TokenWindows:
@@ -174,12 +199,39 @@ class TokenWindows:
     def close(self) -> None:
         """Nothing to stop."""
 
+    def describe(self) -> str:
+        return f"the validation windows of {self.folder.path} in file order"
 
-def token_loader(data_cfg, tokenizer: Tokenizer, source, training: bool, batch_size: int, dp_rank: int,
-                 dp_world_size: int, seed: int, global_batch_size: int | None, cycle: bool):  # fmt: skip
+    # no position to keep: validation reads the same windows every time
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Nothing to restore."""
+
+    def global_state(self) -> None:
+        return None
+
+    def load_global_state(self, state: dict | None) -> None:
+        """Nothing to restore."""
+
+
+def token_loader(
+    data_cfg: DataConfig,
+    tokenizer: Tokenizer,
+    source,
+    training: bool,
+    batch_size: int,
+    dp_rank: int,
+    dp_world_size: int,
+    seed: int,
+    global_batch_size: int | None,
+    cycle: bool,
+) -> TokenFileLoader | TokenWindows:
     """The loader of ``build_dataloader`` for token folders: the training mixture (``data.sources``, or the one folder
     ``data.source``) in the global order, or a validation folder in file order."""
-    if getattr(data_cfg, "format", "text") != "text":
+    if data_cfg.format != "text":
         raise DataError(f"data.format: token folders hold text tokens; {data_cfg.format} data is read on the fly")
     window = data_cfg.seq_len + 1
     if not training:
@@ -187,18 +239,28 @@ def token_loader(data_cfg, tokenizer: Tokenizer, source, training: bool, batch_s
             raise DataError(VALIDATION_NEEDED)
         folder = _open(source, "data.validation_source", tokenizer, data_cfg.tokenizer, window)
         return TokenWindows(folder, data_cfg.seq_len, batch_size, dp_rank, dp_world_size, cycle)
-    entries = list(getattr(data_cfg, "sources", None) or [])
+    entries = list(data_cfg.sources)
     if entries:
         names = [f"data.sources[{k}]" for k in range(len(entries))]
         paths, weights = [e.path for e in entries], [e.weight for e in entries]
     else:
         names, paths, weights = ["data.source"], [source], [1.0]
-    folders = [_open(p, f"{n}.path" if entries else n, tokenizer, data_cfg.tokenizer, window)
-               for p, n in zip(paths, names, strict=True)]  # fmt: skip
+    folders = [
+        _open(p, f"{n}.path" if entries else n, tokenizer, data_cfg.tokenizer, window)
+        for p, n in zip(paths, names, strict=True)
+    ]
     global_batch = global_batch_size or batch_size * dp_world_size
-    loader = TokenFileLoader(folders, weights, names, data_cfg.seq_len, seed, global_batch, batch_size, dp_rank,
-                             dp_world_size)  # fmt: skip
+    loader = TokenFileLoader(
+        folders, weights, names, data_cfg.seq_len, seed, global_batch, batch_size, dp_rank, dp_world_size
+    )
     for folder, share in zip(folders, loader.mixture.shares, strict=True):
-        note(log, "data: token folder %s: %s tokens, %s instances of %d tokens, %.1f%% of each global batch",
-             folder.path, f"{folder.n_tokens:,}", f"{folder.n_instances(window):,}", window, 100 * share)  # fmt: skip
+        note(
+            log,
+            "data: token folder %s: %s tokens, %s instances of %d tokens, %.1f%% of each global batch",
+            folder.path,
+            f"{folder.n_tokens:,}",
+            f"{folder.n_instances(window):,}",
+            window,
+            100 * share,
+        )
     return loader

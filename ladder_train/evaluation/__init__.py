@@ -6,7 +6,7 @@ point and held-out perplexity.
 
 from .adapter import EvalError, LadderLM
 from .harness import evaluate
-from .perplexity import held_out_batches, perplexity, validation_loss
+from .perplexity import held_out_batches, perplexity, scored_loss_sum, validation_loss
 from .results import format_table, wandb_summary
 from .task_registry import LOCAL_TASKS, PAPER_TASKS
 
@@ -19,6 +19,7 @@ __all__ = [
     "format_table",
     "held_out_batches",
     "perplexity",
+    "scored_loss_sum",
     "validation_loss",
     "wandb_summary",
 ]

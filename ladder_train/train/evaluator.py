@@ -1,5 +1,6 @@
 """What the trainer runs beside training, and when: the validation loss every ``eval.val_every`` steps and at
-the end, and the lm-eval evaluation of every ``eval.every``-th periodic checkpoint and of the final one."""
+the end, and the lm-eval evaluation of every ``eval.every``-th periodic checkpoint and of the final one. The
+trainer offers every step (``maybe_validate``) and every checkpoint (``maybe_evaluate``); the evaluator decides."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from ..checkpoint import Checkpointer
 from ..config import Config
 from ..loading import model_from_state
 from ..model import ModelArgs, Transformer
@@ -41,21 +43,27 @@ class Evaluator:
 
     # when --------------------------------------------------------------------------------------------
 
-    def after_step(self, model, step: int, tokens: int, logger) -> None:
-        if self.cfg.eval.val_every and step % self.cfg.eval.val_every == 0:
-            self.validate(model, step, tokens, logger)
+    def should_validate(self, step: int, last: bool = False) -> bool:
+        """Every ``eval.val_every``-th step, and the last one (once)."""
+        val_every = self.cfg.eval.val_every
+        return bool(val_every) and (step % val_every == 0 or last) and self._validated_step != step
 
-    def evaluates_checkpoint(self, step: int) -> bool:
-        """Whether the periodic checkpoint of ``step`` gets an lm-eval run: every ``eval.every``-th."""
+    def should_evaluate(self, step: int, last: bool = False) -> bool:
+        """The final checkpoint with ``eval.at_end`` (and tasks to run), and every ``eval.every``-th periodic one."""
+        if last:
+            return self.cfg.eval.at_end and bool(self.cfg.eval.tasks)
         return bool(self.cfg.eval.every) and (step // self.cfg.checkpoint.every) % self.cfg.eval.every == 0
 
-    def final_validation(self, model, step: int, tokens: int, logger) -> None:
-        if self.cfg.eval.val_every and self._validated_step != step:
+    def maybe_validate(self, model, step: int, tokens: int, logger, last: bool = False) -> None:
+        """After step ``step`` (``last``: the run's last): the validation loss when it is due."""
+        if self.should_validate(step, last):
             self.validate(model, step, tokens, logger)
 
-    def at_end(self, model, step: int, logger, checkpoint_dir: Path) -> None:
-        if self.cfg.eval.at_end and self.cfg.eval.tasks:
-            self.evaluate(model, step, logger, checkpoint_dir)
+    def maybe_evaluate(self, model, step: int, logger, checkpointer: Checkpointer, last: bool = False) -> None:
+        """After the checkpoint of step ``step`` is saved (``last``: the final one): lm-eval when it is due."""
+        if self.should_evaluate(step, last):
+            checkpointer.finish()  # written before it is evaluated (eval.mode=slurm exports it)
+            self.evaluate(model, step, logger, checkpointer.folder / f"step-{step}")
 
     # what --------------------------------------------------------------------------------------------
 
@@ -65,7 +73,7 @@ class Evaluator:
         the same number of forwards (FSDP needs that). Chat data: the mean over the scored (assistant) tokens
         of all ranks; a rank whose batches hold none adds nothing."""
         from ..data import build_dataloader
-        from ..evaluation.perplexity import scored_loss_sum
+        from ..evaluation import scored_loss_sum
 
         self._validated_step = step
         if self.tokenizer is None:

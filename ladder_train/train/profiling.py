@@ -84,8 +84,11 @@ class StepProfiler:
             self._profiler = None
             if not self.traces and self.rank == 0:
                 first = self.cfg.wait + self.cfg.warmup + 1
-                print(f"note: profile: no trace written: the run ended after {steps_run} steps of this process, "
-                      f"before the traced ones (from its step {first})", flush=True)  # fmt: skip
+                print(
+                    f"note: profile: no trace written: the run ended after {steps_run} steps of this process, "
+                    f"before the traced ones (from its step {first})",
+                    flush=True,
+                )
         if self._memory:
             torch.cuda.memory._record_memory_history(enabled=None)
             self._memory = False

@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import TrainConfig
@@ -72,8 +74,30 @@ class SpikeDetector:
             seen.extend(state.get(name, []))
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """The guard's decision on one step, the same on every rank."""
+
+    update: bool  # the optimizer may step
+    spike_z: dict[str, float] | None = None  # the watched values' z-scores, when the step is a spike
+    spikes: int | None = None  # spikes so far, when the detector is on
+    fail: NonFiniteLossError | None = None  # past the non-finite limit: the run ends before the step is logged
+    stop: LossSpikeStop | None = None  # a spike under action=stop: the run ends once the step is logged
+
+    def record(self) -> dict[str, float]:
+        """The step's metrics fields: ``spike`` and ``spike_z_*`` at a spike."""
+        if self.spike_z is None:
+            return {}
+        return {"spike": 1, **{f"spike_z_{name}": score for name, score in self.spike_z.items()}}
+
+    def counts(self) -> dict[str, int]:
+        """The running totals for every logged record: ``spikes`` when the detector is on."""
+        return {} if self.spikes is None else {"spikes": self.spikes}
+
+
 class StabilityGuard:
-    """Judges each step's update (``judge``, before the optimizer step) and acts on it after (``review``)."""
+    """Before a step, drops the global batches a spike recorded (``next_global_batch``); after its backward, judges
+    it (``judge``: one typed :class:`Verdict`, which decides the update, warns and counts)."""
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, is_main: bool):
         self.max_nonfinite_skips = cfg.max_nonfinite_skips
@@ -84,25 +108,36 @@ class StabilityGuard:
         self.spikes = 0
         self.batches_drawn = 0  # global batches taken from the data stream: the steps plus the batches skipped
         self.skip_batches = set(read_skip_file(run_dir)["batches"])
-        self.stop_message: str | None = None  # set by a spike under action=stop
 
-    def judge(self, loss: float, grad_norm: float) -> dict:
-        """``finite``; ``spike``: the z-scores when the step is a spike (None otherwise); ``update``: whether the
-        optimizer may step."""
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        spike = None
-        if finite and self.spike_cfg.enabled:
-            spike = self.detector.observe({"loss": loss, "grad_norm": grad_norm})
-        update = finite and (spike is None or self.spike_cfg.action == "log")
-        return {"finite": finite, "spike": spike, "update": update}
-
-    def skip_recorded_batches(self, draw_global_batch) -> None:
-        """Before a step: draw and drop every recorded global batch next in the stream (the step counter stays)."""
+    def next_global_batch(self, draw_global_batch: Callable[[], object]) -> int:
+        """Before a step: draw and drop every recorded global batch next in the stream (the step counter stays).
+        Returns the number of the global batch the step trains on."""
         while self.batches_drawn + 1 in self.skip_batches:
             self.batches_drawn += 1
             draw_global_batch()
             if self.is_main:
                 print(f"global batch {self.batches_drawn} skipped: recorded in {self.run_dir / SKIP_FILE}", flush=True)
+        self.batches_drawn += 1
+        return self.batches_drawn
+
+    def judge(self, step: int, loss: float, grad_norm: float) -> Verdict:
+        """Step ``step``'s all-reduced loss and gradient norm: finite? a spike? Warns, counts, and records the batch
+        of a spike under action=stop."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return Verdict(update=False, spikes=self._spikes_counted(), fail=self._nonfinite(step, loss, grad_norm))
+        if not self.spike_cfg.enabled:
+            return Verdict(update=True)
+        z = self.detector.observe({"loss": loss, "grad_norm": grad_norm})
+        if z is None:
+            return Verdict(update=True, spikes=self.spikes)
+        self.spikes += 1
+        action = self.spike_cfg.action
+        stop = self._spike(step, z, {"loss": loss, "grad_norm": grad_norm})
+        return Verdict(update=action == "log", spike_z=z, spikes=self.spikes, stop=stop)
+
+    def empty_step(self) -> Verdict:
+        """The verdict of a step that trained on nothing (chat data without a scored token): no update."""
+        return Verdict(update=False, spikes=self._spikes_counted())
 
     def data_restarted(self) -> str:
         """The data stream starts again (another world size): recorded batch numbers no longer name the same
@@ -112,60 +147,54 @@ class StabilityGuard:
         self.batches_drawn = 0
         return note
 
-    def review(self, step: int, result: dict) -> dict:
-        """After step ``step``, which trained on the next global batch: warn, count, and stop past the non-finite
-        limit. Returns the fields for the step's metrics record (``spike``, ``spike_z_*`` at a spike)."""
-        self.batches_drawn += 1
-        batch = self.batches_drawn
-        if not result["finite"]:
-            self._nonfinite(step, result)
-        if result.get("spike") is None:
-            return {}
-        self.spikes += 1
-        z = result["spike"]
-        action = self.spike_cfg.action
-        scores = ", ".join(f"{name} {result[name]:.4g} (z {score:.1f})" for name, score in z.items())
+    def _spikes_counted(self) -> int | None:
+        return self.spikes if self.spike_cfg.enabled else None
+
+    def _spike(self, step: int, z: dict[str, float], values: dict[str, float]) -> LossSpikeStop | None:
+        """Report a spike; under action=stop, record its batch and return the error to stop the run with."""
+        scores = ", ".join(f"{name} {values[name]:.4g} (z {score:.1f})" for name, score in z.items())
         what = f"step {step}: loss spike: {scores} over the last {self.detector.window} steps"
+        action = self.spike_cfg.action
         if action == "stop":
-            record_skipped_batch(self.run_dir, batch, step, result, self.is_main)
-            self.stop_message = (
+            batch = self.batches_drawn
+            record_skipped_batch(self.run_dir, batch, step, {**values, "spike": z}, self.is_main)
+            message = (
                 f"{what}; stopped (train.spike.action=stop): global batch {batch} is recorded in "
                 f"{self.run_dir / SKIP_FILE}; rerun the command to resume from the newest checkpoint without it"
             )
-        elif self.is_main:
+            return LossSpikeStop(message, quiet=not self.is_main)
+        if self.is_main:
             done = "update skipped" if action == "skip" else "training on"
             print(f"warning: {what}; {done} ({self.spikes} spikes so far)", flush=True)
-        return {"spike": 1, **{f"spike_z_{name}": score for name, score in z.items()}}
+        return None
 
-    def stop_requested(self) -> LossSpikeStop | None:
-        """The error to stop the run with after a spike under action=stop (the record is logged first)."""
-        return LossSpikeStop(self.stop_message, quiet=not self.is_main) if self.stop_message else None
-
-    def counts(self) -> dict:
-        """The running totals for every metrics record: ``spikes`` when the detector is on."""
-        return {"spikes": self.spikes} if self.spike_cfg.enabled else {}
-
-    def _nonfinite(self, step: int, result: dict) -> None:
+    def _nonfinite(self, step: int, loss: float, grad_norm: float) -> NonFiniteLossError | None:
+        """Count a non-finite step; past the limit, the error to stop the run with."""
         self.nonfinite_skips += 1
-        what = f"step {step}: loss {result['loss']} / grad norm {result['grad_norm']} is not finite"
+        what = f"step {step}: loss {loss} / grad norm {grad_norm} is not finite"
         if self.nonfinite_skips > self.max_nonfinite_skips:
-            raise NonFiniteLossError(
-                f"{what}; stopping (train.max_nonfinite_skips={self.max_nonfinite_skips} skips allowed)"
-            )
+            limit = f"train.max_nonfinite_skips={self.max_nonfinite_skips}"
+            return NonFiniteLossError(f"{what}; stopping ({limit} skips allowed)")
         if self.is_main:
             print(f"warning: {what}; update skipped ({self.nonfinite_skips}/{self.max_nonfinite_skips})")
+        return None
 
     def state_dict(self) -> dict:
         """For the trainer entry of a checkpoint: the counts, the data position in global batches and the detector's
         window (a resume judges alike)."""
-        window = self.detector.state_dict()
-        return {"nonfinite_skips": self.nonfinite_skips, "spikes": self.spikes, "batches_drawn": self.batches_drawn,
-                "spike_window": window}  # fmt: skip
+        return {
+            "nonfinite_skips": self.nonfinite_skips,
+            "spikes": self.spikes,
+            "batches_drawn": self.batches_drawn,
+            "spike_window": self.detector.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        """From the trainer entry (flat keys; older checkpoints lack all but ``nonfinite_skips``)."""
         self.nonfinite_skips = state["nonfinite_skips"]
-        # absent from checkpoints of older versions, where every step drew one global batch
-        self.spikes, self.batches_drawn = state.get("spikes", 0), state.get("batches_drawn", state["step"])
+        self.spikes = state.get("spikes", 0)
+        # where absent, every step drew one global batch
+        self.batches_drawn = state["batches_drawn"] if "batches_drawn" in state else state["step"]
         self.detector.load_state_dict(state.get("spike_window", {}))
 
 

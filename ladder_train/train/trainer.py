@@ -1,5 +1,5 @@
 """The pretraining loop: build the mesh and the sharded model, then step through the data. The checkpointer,
-the metric logger and the evaluator each decide which steps are theirs.
+the metric logger, the stability guard and the evaluator each decide which steps are theirs.
 
 Launch (``ladder_train.cli``): ``ladder-train --config recipes/X.yaml [key=value ...]`` alone, or
 ``torchrun --nproc-per-node N -m ladder_train.train --config ...`` for several processes.
@@ -14,6 +14,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,37 +24,42 @@ from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
+from ..data import MicroBatchLoader, as_loader
 from ..data.packing import IGNORE_INDEX
-from ..data.token_loader import refuse_stream_resume
+from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
 from ..parallel import BatchSplit, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
+from .chat_steps import EmptyBatches, scored_micro_batches
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
-from .optim import apply_schedule, build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
+from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
 from .profiling import StepProfiler
 from .run_lock import lock_run_dir_on_rank0
-from .stability import StabilityGuard
+from .run_state import RunState
+from .stability import StabilityGuard, Verdict
 
 
-class NothingToLearn(InputError):
-    """Chat data whose first global batch scores no token: training on it would only decay the weights."""
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one optimizer step gives the loop: the global numbers and the guard's verdict on them."""
 
-    def __init__(self, message: str, quiet: bool = False):
-        super().__init__(message)
-        self.quiet = quiet
+    loss: float  # the mean token loss over the global batch
+    grad_norm: float
+    data_wait_s: float  # this rank's wait for its micro-batches
+    verdict: Verdict
 
 
 class Trainer:
     """Owns the model, optimizer, schedule and data for one run on this process.
 
-    ``batches`` replaces the configured data loader (tests feed fixed batches): an iterable of this
-    rank's micro-batches ``(inputs, labels)``.
+    ``batches`` replaces the configured data loader (tests feed fixed batches): a :class:`MicroBatchLoader`, or
+    any iterable of this rank's micro-batches ``(inputs, labels)`` (no data position is then saved).
     """
 
-    def __init__(self, cfg: Config, env: Dist, batches: Iterable | None = None):
+    def __init__(self, cfg: Config, env: Dist, batches: MicroBatchLoader | Iterable[Batch] | None = None):
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.run.dir)
         fresh = not self.run_dir.exists()
@@ -68,7 +74,7 @@ class Trainer:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             raise
 
-    def _build(self, batches: Iterable | None) -> None:
+    def _build(self, batches: MicroBatchLoader | Iterable[Batch] | None) -> None:
         """Everything a run needs, each input checked before the model is built."""
         cfg, env = self.cfg, self.env
         replicate, shard = resolve_degrees(cfg.parallel, env.world_size, env.local_world_size)
@@ -83,8 +89,8 @@ class Trainer:
         self.init_source = check_init_source(init_from, self.model_args) if init_from else None
         self.tokenizer = None
         # tokenizer and sources are checked before the model is built
-        self.loader = self._build_data() if batches is None else batches
-        self._batches: Iterator | None = None
+        self.loader = self._build_data() if batches is None else as_loader(batches)
+        self._batches: Iterator[Batch] | None = None
 
         self.mesh = build_mesh(env.device.type, replicate, shard)
         self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
@@ -100,43 +106,55 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.train.schedule, self.batch.tokens_per_step)
         self.step = 0
         self.tokens_seen = 0
-        self.guard = StabilityGuard(cfg.train, self.run_dir, env.is_main)  # non-finite steps and loss spikes
-        self.empty_skips = 0  # chat data: global batches with no scored token, skipped
         self.wandb_id: str | None = None
+        self.guard = StabilityGuard(cfg.train, self.run_dir, env.is_main)  # non-finite steps and loss spikes
+        self.empty_batches = EmptyBatches(cfg.data.source, env.is_main)  # chat data: no scored token
         flops = flops_per_token(self.model_args, cfg.data.seq_len, frozen_layers=cfg.train.freeze_layers)
         self.meter = ThroughputMeter(env.world_size, flops, device_peak_flops(env.device), env.device)
         self.checkpointer = Checkpointer(cfg.checkpoint, self.run_dir, env.rank, env.world_size)
         self.evaluator = Evaluator(cfg, env, self.run_dir, self.model_args, self.batch.micro_batch, self.tokenizer)
+        self.run_state = RunState(
+            self, self.guard, self.empty_batches, self.scheduler, self.loader, self.model_args, env
+        )
         self._preempt_signal: int | None = None
         self._preempt_all = False
         self._resume()
 
+    def _build_data(self) -> MicroBatchLoader:
+        from ..data import build_dataloader, check_vocab, load_tokenizer
+
+        self.tokenizer = load_tokenizer(self.cfg.data.tokenizer)
+        check_vocab(self.tokenizer, self.cfg.model.vocab_size, "model.vocab_size")
+        return build_dataloader(
+            self.cfg.data,
+            tokenizer=self.tokenizer,
+            batch_size=self.batch.micro_batch,
+            dp_rank=self.env.rank,
+            dp_world_size=self.env.world_size,
+            seed=self.cfg.run.seed,
+            global_batch_size=self.batch.global_batch,  # token folders: the global order's batch
+        )
+
+    @property
+    def empty_skips(self) -> int:
+        """Chat data: global batches with no scored token, skipped."""
+        return self.empty_batches.skips
+
     # checkpoints ---------------------------------------------------------------------------------------
 
-    def _trainer_state(self) -> dict:
-        return {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            **self.guard.state_dict(),
-            "empty_skips": self.empty_skips,
-            "scheduler": self.scheduler.state_dict(),
-            "wandb_id": self.wandb_id,
-            "model_args": dataclasses.asdict(self.model_args),
-            "data": self.loader.global_state() if hasattr(self.loader, "global_state") else None,  # token folders
-        }
+    def state_dict(self) -> dict:
+        """The loop's own counters, in the trainer entry of a checkpoint."""
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.wandb_id}
 
-    def _rank_state(self) -> dict:
-        state = {"rng_cpu": torch.get_rng_state()}
-        if self.env.device.type == "cuda":
-            state["rng_cuda"] = torch.cuda.get_rng_state(self.env.device)
-        if hasattr(self.loader, "state_dict"):
-            state["data"] = self.loader.state_dict()
-        return state
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.tokens_seen, self.wandb_id = state["step"], state["tokens_seen"], state["wandb_id"]
 
     def save_checkpoint(self) -> None:
-        self.checkpointer.save(self.step, self.model, self.optimizer, self._trainer_state(), self._rank_state())
+        state = self.run_state
+        self.checkpointer.save(self.step, self.model, self.optimizer, state.trainer_entry(), state.rank_entry())
 
     def _resume(self) -> None:
+        """Continue the newest checkpoint of run.dir (or checkpoint.load), else start from checkpoint.init_from."""
         path = self.checkpointer.resume_path()
         if path is None:
             if self.init_source is not None:
@@ -153,27 +171,10 @@ class Trainer:
             if self.env.is_main:
                 print(f"loaded weights from {path} (step {state['step']}); optimizer, schedule and data start fresh")
             return
-        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.empty_skips = state.get("empty_skips", 0)  # absent from checkpoints of older versions
-        self.guard.load_state_dict(state)
+        note = self.run_state.restore(state, rank_state)
         # a checkpoint of another run folder (a branch, e.g. a cool-down) starts its own wandb run
-        self.wandb_id = state["wandb_id"] if path.resolve().is_relative_to(self.run_dir.resolve()) else None
-        self.scheduler.load_state_dict(state["scheduler"])
-        apply_schedule(self.scheduler)  # this run's schedule from the restored step on (a longer total_steps)
-        load = self.loader.load_global_state if hasattr(self.loader, "global_state") else refuse_stream_resume
-        data_note = load(state.get("data"))
-        note = ""
-        if rank_state is not None:
-            torch.set_rng_state(rank_state["rng_cpu"])
-            if "rng_cuda" in rank_state and self.env.device.type == "cuda":
-                torch.cuda.set_rng_state(rank_state["rng_cuda"], self.env.device)
-            if "data" in rank_state and hasattr(self.loader, "load_state_dict"):
-                self.loader.load_state_dict(rank_state["data"])
-        else:
-            note = (
-                f"; saved with {state['world_size']} processes, now {self.env.world_size}: weights and optimizer "
-                f"resharded, {data_note or 'the data stream is re-split per rank and starts again from its beginning'}"
-            ) + ("" if data_note else self.guard.data_restarted())
+        if not path.resolve().is_relative_to(self.run_dir.resolve()):
+            self.wandb_id = None
         if self.env.is_main:
             print(f"resuming from {path} at step {self.step} ({self.tokens_seen:,} tokens){note}", flush=True)
 
@@ -189,41 +190,43 @@ class Trainer:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without the checkpoint
         self._preempt_signal = signum
 
-    def _build_data(self):
-        from ..data import build_dataloader, check_vocab, load_tokenizer
-
-        self.tokenizer = load_tokenizer(self.cfg.data.tokenizer)
-        check_vocab(self.tokenizer, self.cfg.model.vocab_size, "model.vocab_size")
-        return build_dataloader(
-            self.cfg.data,
-            tokenizer=self.tokenizer,
-            batch_size=self.batch.micro_batch,
-            dp_rank=self.env.rank,
-            dp_world_size=self.env.world_size,
-            seed=self.cfg.run.seed,
-            global_batch_size=self.batch.global_batch,  # token folders: the global order's batch
-        )
-
     # one optimizer step ------------------------------------------------------------------------------
 
-    def train_step(self) -> dict:
+    def train_step(self) -> StepOutcome:
         """Forward/backward over this rank's micro-batches, clip, step. The loss of each micro-batch is
         its summed token loss over this rank's tokens per step, and FSDP averages over ranks: the step
         minimises the mean over the global batch's tokens, however it is split. Chat data (``data.format: chat``)
         scores only the labels that are not -100: the step's micro-batches are fetched first and the divisor is
         their number over the global batch (one small all-reduce) / the world size, so the step minimises the
         mean over the global batch's scored tokens."""
-        model, split = self.model, self.batch
+        split = self.batch
         tokens_per_rank = split.per_rank * split.seq_len
-        loss_sum = torch.zeros((), device=self.env.device)
         data_wait = 0.0
         step_batches = None
         if self.cfg.data.format == "chat":
             waited = time.perf_counter()
-            step_batches, tokens_per_rank, scored = self._scored_micro_batches()
+            step_batches, tokens_per_rank, scored = scored_micro_batches(
+                self._next_micro_batch, split.accumulation, self.env.device, self.env.world_size
+            )
             data_wait += time.perf_counter() - waited
             if scored == 0:
-                return self._skip_empty_step(data_wait)
+                self.empty_batches.skip(self.step + 1, self.tokens_seen)
+                return StepOutcome(0.0, 0.0, data_wait, self.guard.empty_step())
+        loss_sum, fetch_wait = self._forward_backward(step_batches, tokens_per_rank)
+        loss_value, norm_value = self._clip_and_reduce(loss_sum)
+        verdict = self.guard.judge(self.step + 1, loss_value, norm_value)  # the same on every rank
+        if verdict.update:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepOutcome(loss_value, norm_value, data_wait + fetch_wait, verdict)
+
+    def _forward_backward(self, step_batches: list[Batch] | None, tokens_per_rank: float) -> tuple[torch.Tensor, float]:
+        """Accumulate the gradients of the step's micro-batches (fetched here unless given); returns the summed
+        loss and the wait for the data."""
+        model, split = self.model, self.batch
+        loss_sum = torch.zeros((), device=self.env.device)
+        data_wait = 0.0
         for micro in range(split.accumulation):
             last = micro == split.accumulation - 1
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
@@ -242,53 +245,28 @@ class Trainer:
             )
             loss.backward()
             loss_sum += loss.detach()
+        return loss_sum, data_wait
+
+    def _clip_and_reduce(self, loss_sum: torch.Tensor) -> tuple[float, float]:
+        """Clip the gradients; the global loss and gradient norm, the same on every rank. One small all-reduce per
+        step carries the summed loss and whether any rank was asked to stop."""
         max_norm = self.cfg.train.optimizer.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
         if isinstance(grad_norm, DTensor):
             grad_norm = grad_norm.full_tensor()
-        # one small all-reduce per step: the summed loss, and whether any rank was asked to stop
         preempt = 0.0 if self._preempt_signal is None else 1.0
         shared = torch.stack([loss_sum, torch.tensor(preempt, device=loss_sum.device)])
         dist.all_reduce(shared)
         loss_value, self._preempt_all = shared[0].item() / self.env.world_size, shared[1].item() > 0
-        norm_value = grad_norm.item()
-        verdict = self.guard.judge(loss_value, norm_value)  # finite? a spike? (the same on every rank)
-        if verdict["update"]:
-            self.optimizer.step()
-            self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_value, "grad_norm": norm_value, "data_wait_s": data_wait, **verdict}
+        return loss_value, grad_norm.item()
 
-    def _next_micro_batch(self):
+    def _next_micro_batch(self) -> Batch:
         if self._batches is None:  # created after a resume restored the loader's position
             self._batches = iter(self.loader)
         return next(self._batches)
 
-    def _scored_micro_batches(self) -> tuple[list, float, int]:
-        """Chat data: this rank's micro-batches of the step, the divisor of their summed losses (the number of
-        scored labels, not -100, in the whole global batch / the world size) and that number."""
-        batches = [self._next_micro_batch() for _ in range(self.batch.accumulation)]
-        scored = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
-        total = torch.tensor(scored, dtype=torch.int64, device=self.env.device)
-        dist.all_reduce(total)
-        return batches, max(total.item(), 1) / self.env.world_size, int(total.item())
-
-    def _skip_empty_step(self, data_wait: float) -> dict:
-        """A global batch with no scored token teaches nothing, and an update would only decay the weights: the
-        first one of a run stops it (the data or the chat template gives nothing to learn), later ones are skipped
-        and counted."""
-        if self.tokens_seen == 0:
-            source = self.cfg.data.source
-            raise NothingToLearn(
-                f"data.source={source}: the first global batch holds no token to learn from (no assistant turn in "
-                f"its conversations, or a data.chat_template that renders none)",
-                quiet=not self.env.is_main,
-            )
-        self.empty_skips += 1
-        if self.env.is_main:
-            print(f"warning: step {self.step + 1}: no scored token in the global batch; update skipped "
-                  f"({self.empty_skips} so far)", flush=True)  # fmt: skip
-        return {"loss": 0.0, "grad_norm": 0.0, "data_wait_s": data_wait, "finite": True}
+    def _draw_global_batch(self) -> list[Batch]:
+        return [self._next_micro_batch() for _ in range(self.batch.accumulation)]
 
     # the loop ----------------------------------------------------------------------------------------
 
@@ -301,21 +279,18 @@ class Trainer:
         try:
             while self.step < self.max_steps:
                 history.append(self._step(logger))
-                self.evaluator.after_step(self.model, self.step, self.tokens_seen, logger)
+                self.evaluator.maybe_validate(self.model, self.step, self.tokens_seen, logger)
                 if self._preempt_all:
                     self._stop_for_preemption()
                 if self.checkpointer.periodic_save_due(self.step, self.max_steps):
                     self.save_checkpoint()
-                    if self.evaluator.evaluates_checkpoint(self.step):
-                        self.checkpointer.finish()  # written before it is evaluated (eval.mode=slurm exports it)
-                        self.evaluator.evaluate(self.model, self.step, logger, self._checkpoint_dir())
+                    self.evaluator.maybe_evaluate(self.model, self.step, logger, self.checkpointer)
                 profiler.step(self.step)
             if history:
-                self.evaluator.final_validation(self.model, self.step, self.tokens_seen, logger)
+                self.evaluator.maybe_validate(self.model, self.step, self.tokens_seen, logger, last=True)
                 self.save_checkpoint()  # the final checkpoint
+                self.evaluator.maybe_evaluate(self.model, self.step, logger, self.checkpointer, last=True)
             self.checkpointer.finish()
-            if history:
-                self.evaluator.at_end(self.model, self.step, logger, self._checkpoint_dir())
             self._mark_finished(history)
             logger.summary({"final_loss": history[-1]["loss"] if history else None, "tokens": self.tokens_seen})
         except torch.OutOfMemoryError:
@@ -335,20 +310,24 @@ class Trainer:
         step_start = time.perf_counter()
         lr = self.scheduler.get_last_lr()[0]
         # global batches recorded by a spike under train.spike.action=stop are read and dropped, never trained on
-        self.guard.skip_recorded_batches(lambda: [self._next_micro_batch() for _ in range(self.batch.accumulation)])
-        result = self.train_step()
+        self.guard.next_global_batch(self._draw_global_batch)
+        outcome = self.train_step()
         self.step += 1
         self.tokens_seen += self.batch.tokens_per_step
-        spike = self.guard.review(self.step, result)  # stops past the non-finite limit
-        self.meter.add(self.batch.tokens_per_step, result["data_wait_s"])
-        record = {"step": self.step, "loss": result["loss"], "lr": lr, "grad_norm": result["grad_norm"], **spike}
+        verdict = outcome.verdict
+        if verdict.fail is not None:
+            raise verdict.fail
+        self.meter.add(self.batch.tokens_per_step, outcome.data_wait_s)
+        record = {"step": self.step, "loss": outcome.loss, "lr": lr, "grad_norm": outcome.grad_norm}
+        record.update(verdict.record())
+        spike = verdict.spike_z is not None
         if logger.should_log(self.step, last=self.step == self.max_steps) or spike:  # a spike is always logged
-            record.update(tokens=self.tokens_seen, **self.guard.counts())
+            record.update(tokens=self.tokens_seen, **verdict.counts())
             record.update(self.meter.read(time.perf_counter() - step_start))
             logger.log(record)
-        if (stop := self.guard.stop_requested()) is not None:
+        if verdict.stop is not None:
             self.checkpointer.finish()  # a background save completes: it is where the restart starts
-            raise stop
+            raise verdict.stop
         return record
 
     def _start_logging(self) -> MetricLogger:
@@ -378,17 +357,13 @@ class Trainer:
                 summary["final_loss"] = history[-1]["loss"]
             (self.run_dir / "summary.json").write_text(json.dumps(summary) + "\n")
 
-    def _checkpoint_dir(self) -> Path:
-        return self.checkpointer.folder / f"step-{self.step}"
-
     def _stop_for_preemption(self):
         self.save_checkpoint()
         self.checkpointer.finish()
         raise Preempted(f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue")
 
     def _close(self, logger) -> None:
-        if hasattr(self.loader, "close"):  # workers stop now, also after an exception (train() runs once)
-            self.loader.close()
+        self.loader.close()  # workers stop now, also after an exception (train() runs once)
         self._batches = None
         logger.close()
         if self._lock is not None:
