@@ -16,7 +16,6 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ladder_train"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-CLI_PACKAGE = "ladder_train.cli"
 
 
 def module_name(path: Path) -> str:
@@ -99,7 +98,8 @@ def test_the_circle_finder_finds_a_circle():
 
 def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
     graph = import_graph()
-    assert "ladder_train.model.transformer" in graph["ladder_train.config"]  # from .model.transformer import ...
+    assert "ladder_train.folders" in graph["ladder_train.checkpoint.files"]  # from ..folders import ...
+    assert "ladder_train.model.hf_format" in graph["ladder_train.model"]  # from .hf_format import ...
     assert "ladder_train.study.runner" in graph["ladder_train.cli.train"]  # inside cmd_study
 
 
@@ -107,18 +107,94 @@ def test_no_import_circle():
     assert circles(import_graph()) == []
 
 
-def is_console(name: str) -> bool:
-    """The console layer: the cli package, and ``__main__`` modules (``python -m ladder_train.train``)."""
-    return name == CLI_PACKAGE or name.startswith(CLI_PACKAGE + ".") or name.endswith(".__main__")
+# The floors of docs/design.md's "Where things live": a module imports only downward, a sibling package on its own
+# floor only through its public surface (its __init__), and no packages import each other in a circle.
+TOP, WORK, SERVICES, GROUND = 3, 2, 1, 0
+FLOORS = {
+    "ladder_train": TOP,  # the package's face: ladder_train.load_model
+    "cli": TOP,
+    **dict.fromkeys(["train", "evaluation", "bench", "predict", "report", "study", "demo", "export"], WORK),
+    "completion": WORK,
+    **dict.fromkeys(["data", "checkpoint", "parallel", "inference", "loading", "plots", "lifetime"], SERVICES),
+    **dict.fromkeys(["model", "hf", "config", "config_checks", "errors", "paper", "dtypes", "folders"], GROUND),
+    **dict.fromkeys(["gpu_cards", "bench_schema", "option_errors"], GROUND),
+}
 
 
-def test_no_library_module_imports_the_console_layer():
-    offenders = {
-        name: sorted(dep for dep in deps if is_console(dep))
-        for name, deps in import_graph().items()
-        if not is_console(name)
+def unit(module: str) -> str:
+    """The package (or top-level module) a module belongs to: ``ladder_train.data.loader`` -> ``data``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def is_shim(module: str) -> bool:
+    """``python -m ladder_train.X`` entry points: they call the console layer and nothing imports them."""
+    return module.endswith(".__main__")
+
+
+def floor_violations(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Imports that go up a floor, reach past a same-floor sibling's public surface, or start from a module
+    whose package has no floor."""
+    found: dict[str, list[str]] = {"unplaced": [], "upward": [], "sideways into internals": []}
+    for module, deps in graph.items():
+        if is_shim(module):
+            continue
+        if unit(module) not in FLOORS:
+            found["unplaced"].append(module)
+            continue
+        for dep in sorted(deps):
+            here, there = unit(module), unit(dep)
+            if here == there or there not in FLOORS:
+                continue
+            if FLOORS[there] > FLOORS[here]:
+                found["upward"].append(f"{module} -> {dep}")
+            elif FLOORS[there] == FLOORS[here] and dep != f"ladder_train.{there}":
+                found["sideways into internals"].append(f"{module} -> {dep}")
+    return {kind: items for kind, items in found.items() if items}
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    packages: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        if not is_shim(module):
+            packages.setdefault(unit(module), set()).update(unit(d) for d in deps if unit(d) != unit(module))
+    for deps in list(packages.values()):
+        for dep in deps:
+            packages.setdefault(dep, set())
+    return packages
+
+
+def test_the_floor_check_finds_upward_sideways_and_unplaced_imports():
+    graph = {
+        "ladder_train.model.transformer": {"ladder_train.data.loader"},  # ground -> services
+        "ladder_train.data.loader": {
+            "ladder_train.loading",
+            "ladder_train.checkpoint.files",
+            "ladder_train.model.presets",
+        },
+        "ladder_train.report.tables": {"ladder_train.study.groups", "ladder_train.study"},
+        "ladder_train.newthing": set(),
+        "ladder_train.inference.__main__": {"ladder_train.cli"},
     }
-    assert {name: deps for name, deps in offenders.items() if deps} == {}
+    assert floor_violations(graph) == {
+        "unplaced": ["ladder_train.newthing"],
+        "upward": ["ladder_train.model.transformer -> ladder_train.data.loader"],
+        "sideways into internals": [
+            "ladder_train.data.loader -> ladder_train.checkpoint.files",
+            "ladder_train.report.tables -> ladder_train.study.groups",
+        ],
+    }
+    assert circles(package_graph({"ladder_train.a.x": {"ladder_train.b"}, "ladder_train.b": {"ladder_train.a.y"}})) == [
+        ["a", "b"]
+    ]
+
+
+def test_every_package_is_on_its_floor_and_imports_only_downward_or_a_siblings_surface():
+    assert floor_violations(import_graph()) == {}
+
+
+def test_no_two_packages_import_each_other():
+    assert circles(package_graph(import_graph())) == []
 
 
 def test_modules_and_functions_stay_short():
