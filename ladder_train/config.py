@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from .config_checks import check_values
+from .config_checks import bounded, check_values, choice
 from .errors import ConfigError
 from .model import PRESETS, ModelArgs
 from .paper import PAPER_TASKS
@@ -68,44 +69,53 @@ class DataConfig:
     split: str = "train"
     text_column: str = "text"  # the documents' column; input_ids for shards pre-tokenized by data/prepare.py
     tokenizer: str = "bigcode/starcoder"  # a hub tokenizer name, a local tokenizer.json path, or byte (257 tokens)
-    seq_len: int = 2048  # tokens per training sequence; windows of seq_len + 1 are cut from the stream
-    num_workers: int = 2  # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
+    # tokens per training sequence; windows of seq_len + 1 are cut from the stream
+    seq_len: int = bounded(2048, lambda v: v >= 1, "at least 1")
+    # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
+    num_workers: int = bounded(2, lambda v: v >= 0, ">= 0 (0 = tokenize in the trainer)")
     # documents are shuffled in consecutive blocks of this many (per loader worker, seeded by run.seed and the
     # epoch; resumes exactly); 0 = file order
-    shuffle_buffer: int = 0
+    shuffle_buffer: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = no shuffling)")
     # held-out documents for eval.val_every (its validation split); None = data.source's
     validation_source: str | None = None
     # text: documents, every token scored (pretraining) | chat: conversations (a 'messages' column of
     # {role, content} lists) rendered with data.chat_template, the loss on assistant tokens only (SFT)
-    format: str = "text"
+    format: str = choice("text", ("text", "chat"))
     # chat: a model folder whose tokenizer_config.json holds the chat template (e.g. ${checkpoint.init_from})
     chat_template: str | None = None
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-4  # peak learning rate
+    # peak learning rate
+    lr: float = bounded(3e-4, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 trains nothing)")
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-10
-    weight_decay: float = 0.1  # not applied to norm weights or biases; embeddings are decayed
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    eps: float = bounded(1e-10, lambda v: v > 0, "positive")
+    # not applied to norm weights or biases; embeddings are decayed
+    weight_decay: float = bounded(0.1, lambda v: v >= 0, ">= 0")
+    # max global gradient norm; 0 disables clipping
+    grad_clip: float = bounded(1.0, lambda v: v >= 0, ">= 0 (0 = no clipping)")
 
 
 @dataclass
 class ScheduleConfig:
     # cosine: linear warmup, then cosine decay to min_lr_ratio x peak at total_steps |
     # wsd (warmup-stable-decay): linear warmup, the peak held, then a decay of decay_shape over the last steps
-    kind: str = "cosine"
+    kind: str = choice("cosine", ("cosine", "wsd"))
     warmup_steps: int = 2000  # linear warmup from 0 to the peak lr
     total_steps: int = 25000  # the decay ends here, at min_lr_ratio x peak
     min_lr_ratio: float = 0.1
-    warmup_tokens: float | None = None  # if set (e.g. 8e9), overrides warmup_steps (tokens / global batch tokens)
-    total_tokens: float | None = None  # if set (e.g. 100e9), overrides total_steps
+    # if set (e.g. 8e9), overrides warmup_steps (tokens / global batch tokens)
+    warmup_tokens: float | None = bounded(None, lambda v: v is None or v >= 0, ">= 0, or null")
+    # if set (e.g. 100e9), overrides total_steps
+    total_tokens: float | None = bounded(None, lambda v: v is None or v > 0, "positive, or null")
     # wsd: the decay's shape from peak to min_lr_ratio x peak over progress p in [0, 1]: linear (1 - p) |
     # cosine | sqrt (1 - sqrt(p): held near the peak longer, then steeper; Hagele et al. 2024 found it beats linear)
-    decay_shape: str = "sqrt"
-    decay_fraction: float = 0.2  # wsd: the decay's length as a fraction of total_steps (rounded to steps)
-    decay_steps: int | None = None  # wsd: the decay's length in steps; overrides decay_fraction when set
+    decay_shape: str = choice("sqrt", ("linear", "cosine", "sqrt"))
+    # wsd: the decay's length as a fraction of total_steps (rounded to steps)
+    decay_fraction: float = bounded(0.2, lambda v: 0 < v <= 1, "in (0, 1]")
+    # wsd: the decay's length in steps; overrides decay_fraction when set
+    decay_steps: int | None = bounded(None, lambda v: v is None or v >= 1, "at least 1, or null for decay_fraction")
 
 
 @dataclass
@@ -115,23 +125,30 @@ class SpikeConfig:
     of the previous ``window`` steps' finite values (train/stability.py)."""
 
     enabled: bool = False
-    window: int = 100  # steps in the rolling mean and standard deviation; nothing fires before it is full
-    threshold: float = 6.0  # the z-score above which a step is a spike (one-sided: only rises count)
+    # steps in the rolling mean and standard deviation; nothing fires before it is full
+    window: int = bounded(100, lambda v: v >= 2, "at least 2 (a standard deviation needs two values)")
+    # the z-score above which a step is a spike (one-sided: only rises count)
+    threshold: float = bounded(6.0, lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (standard deviations)")
     watch: list[str] = field(default_factory=lambda: ["loss", "grad_norm"])  # the values tested: loss, grad_norm
     # log: report it and train on | skip: report it, no update (the batch counts as consumed) | stop: report it,
     # record the batch in RUN_DIR/skip_batches.json and stop (exit 1); rerun the command: it resumes from the
     # newest checkpoint and skips that batch
-    action: str = "log"
+    action: str = choice("log", ("log", "skip", "stop"))
 
 
 @dataclass
 class TrainConfig:
     global_batch_size: int = 2048  # sequences per optimizer step, over all data-parallel ranks
     micro_batch_size: int = 4  # sequences per forward/backward on one rank; accumulation makes up the rest
-    max_steps: int | None = None  # stop early (smoke runs); None = schedule.total_steps
+    # stop early (smoke runs); None = schedule.total_steps
+    max_steps: int | None = bounded(
+        None, lambda v: v is None or v >= 1, "at least 1, or null for the schedule's total_steps"
+    )
     log_every: int = 10  # steps between metric lines
-    dtype: str = "auto"  # compute dtype: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
-    max_nonfinite_skips: int = 0  # NaN/inf loss or grad norm: skip the step up to this many times, then stop
+    # compute dtype: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    dtype: str = choice("auto", ("auto", "bf16", "fp32"))
+    # NaN/inf loss or grad norm: skip the step up to this many times, then stop
+    max_nonfinite_skips: int = bounded(0, lambda v: v >= 0, ">= 0")
     # keep the first K transformer blocks fixed (adapting a pretrained model: only the upper layers learn);
     # embeddings, the output head and the final norm still train
     freeze_layers: int = 0
@@ -146,8 +163,8 @@ class ParallelConfig:
     dp_shard: int = -1  # shards per replica (FSDP inner dimension); -1 = processes per node
     # none | full (recompute every block) | every_n (every ac_every-th block) | selective (every block keeps its
     # matmul and attention outputs and recomputes the rest: norms, rope, activations, adds)
-    activation_checkpoint: str = "none"
-    ac_every: int = 2
+    activation_checkpoint: str = choice("none", ("none", "full", "every_n", "selective"))
+    ac_every: int = bounded(2, lambda v: v >= 1, "at least 1")
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
     # process-group init and collective timeout (seconds): a rank that waits longer on the others fails
     # instead of hanging; lm-eval on rank 0 does not count against it (the others wait on a separate group)
@@ -156,7 +173,8 @@ class ParallelConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 1000  # steps between checkpoints; 0 = only at the end
+    # steps between checkpoints; 0 = only at the end
+    every: int = bounded(1000, lambda v: v >= 0, ">= 0 (0 = only at the end)")
     keep: int = 3  # keep the last k complete checkpoints; 0 = keep all (negative values are refused)
     async_save: bool = False  # write checkpoints in the background while training continues
     load: str | None = None  # start from this checkpoint instead of the newest one in run.dir
@@ -169,7 +187,8 @@ class CheckpointConfig:
 
 @dataclass
 class WandbConfig:
-    mode: str = "online"  # online | offline | disabled (WANDB_MODE overrides)
+    # online | offline | disabled (WANDB_MODE overrides)
+    mode: str = choice("online", ("online", "offline", "disabled"))
     project: str | None = None  # None = WANDB_PROJECT or "ladder-train"
     entity: str | None = None  # None = WANDB_ENTITY or the account default
     name: str | None = None  # None = run.name
@@ -180,13 +199,17 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: list(PAPER_TASKS))
     include_path: str | None = None  # a folder of the user's own lm-eval task YAMLs (offline tasks)
     local_data: str | None = None  # a folder of local eval sets (layout of ../shared/eval) for the *_local tasks
-    batch_size: int = 8  # sequences per forward pass when scoring eval requests
+    # sequences per forward pass when scoring eval requests
+    batch_size: int = bounded(8, lambda v: v >= 1, "at least 1")
     at_end: bool = True  # evaluate the final checkpoint when training ends
-    every: int = 0  # also evaluate every N-th checkpoint; 0 = only at the end
-    mode: str = "inprocess"  # inprocess | slurm (submit slurm/eval.sh)
-    limit: int | None = None  # rows per task (quick checks); None = all
-    val_every: int = 0  # steps between validation losses on data.validation_source; 0 = never
-    val_batches: int = 20
+    # also evaluate every N-th checkpoint; 0 = only at the end
+    every: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = only at the end)")
+    mode: str = choice("inprocess", ("inprocess", "slurm"))  # inprocess | slurm (submit slurm/eval.sh)
+    # rows per task (quick checks); None = all
+    limit: int | None = bounded(None, lambda v: v is None or v >= 1, "at least 1, or null for every row")
+    # steps between validation losses on data.validation_source; 0 = never
+    val_every: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = never)")
+    val_batches: int = bounded(20, lambda v: v >= 1, "at least 1")
 
 
 @dataclass
@@ -195,16 +218,22 @@ class ProfileConfig:
     (``train/profiling.py``). The schedule counts optimizer steps from the start of the process."""
 
     enabled: bool = False  # torch.profiler chrome traces (CPU activity; CUDA kernels too on a GPU), one per rank
-    wait: int = 5  # untraced steps first (the first steps are not typical: allocation, warm caches)
-    warmup: int = 2  # then steps traced but discarded (the profiler's own start-up cost)
-    active: int = 3  # then steps kept in the trace: rank{r}_steps{a}-{b}.pt.trace.json
-    repeat: int = 1  # how many wait/warmup/active cycles, each its own trace; 0 = until the run ends
+    # untraced steps first (the first steps are not typical: allocation, warm caches)
+    wait: int = bounded(5, lambda v: v >= 0, ">= 0")
+    # then steps traced but discarded (the profiler's own start-up cost)
+    warmup: int = bounded(2, lambda v: v >= 0, ">= 0")
+    # then steps kept in the trace: rank{r}_steps{a}-{b}.pt.trace.json
+    active: int = bounded(3, lambda v: v >= 1, "at least 1")
+    # how many wait/warmup/active cycles, each its own trace; 0 = until the run ends
+    repeat: int = bounded(1, lambda v: v >= 0, ">= 0 (0 = until the run ends)")
     record_shapes: bool = False  # the input shapes of each op (larger traces)
     profile_memory: bool = False  # the memory each op allocates and frees (the memory view on the CPU too)
     with_stack: bool = False  # the Python stack of each op (much larger traces)
     # CUDA only: record the allocator's history from the start and dump a snapshot (pytorch.org/memory_viz)
     # after this step, and at an OutOfMemoryError; 0 = only at an OutOfMemoryError; None = no recording
-    memory_snapshot_step: int | None = None
+    memory_snapshot_step: int | None = bounded(
+        None, lambda v: v is None or v >= 0, ">= 0 (0 = only at an OutOfMemoryError), or null for no recording"
+    )
 
 
 @dataclass

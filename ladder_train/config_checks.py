@@ -1,64 +1,44 @@
-"""The constraints on a config that no type can express: choices, divisibility, ranges. Each refusal is one line
-naming the key and the value (``ConfigError``)."""
+"""The constraints on a config that no type can express. A field's own choices or range sit beside the field
+(``choice`` / ``bounded`` in config.py); this module checks them, and the rules that span fields: divisibility, one
+data source, a schedule that fits. Each refusal is one line naming the key and the value (``ConfigError``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
+from dataclasses import field
 
 from .errors import ConfigError
 from .folders import is_token_folder
-from .model import RESIDUAL_LAYOUTS
 
-# values restricted to a set of choices: dotted key -> choices
-CHOICES = {
-    "model.residual": RESIDUAL_LAYOUTS,
-    "train.dtype": ("auto", "bf16", "fp32"),
-    "data.format": ("text", "chat"),
-    "parallel.activation_checkpoint": ("none", "full", "every_n", "selective"),
-    "train.schedule.kind": ("cosine", "wsd"),
-    "train.schedule.decay_shape": ("linear", "cosine", "sqrt"),
-    "train.spike.action": ("log", "skip", "stop"),
-    "wandb.mode": ("online", "offline", "disabled"),
-    "eval.mode": ("inprocess", "slurm"),
-}
+# A field's own constraints sit beside it, in its metadata (config.py; the model's in model/transformer.py):
+# CHOICES, the values it may take, or CHECK, (test, what the value must be) for a range.
+CHOICES, CHECK = "choices", "check"
 
 
-# number ranges: dotted key -> (test, what the value must be); None passes where the key allows it
-RANGES = {
-    "data.seq_len": (lambda v: v >= 1, "at least 1"),
-    "data.num_workers": (lambda v: v >= 0, ">= 0 (0 = tokenize in the trainer)"),
-    "data.shuffle_buffer": (lambda v: v >= 0, ">= 0 (0 = no shuffling)"),
-    "train.max_steps": (lambda v: v is None or v >= 1, "at least 1, or null for the schedule's total_steps"),
-    "train.max_nonfinite_skips": (lambda v: v >= 0, ">= 0"),
-    "train.optimizer.lr": (lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0 (0 trains nothing)"),
-    "train.optimizer.eps": (lambda v: v > 0, "positive"),
-    "train.optimizer.weight_decay": (lambda v: v >= 0, ">= 0"),
-    "train.optimizer.grad_clip": (lambda v: v >= 0, ">= 0 (0 = no clipping)"),
-    "train.schedule.warmup_tokens": (lambda v: v is None or v >= 0, ">= 0, or null"),
-    "train.schedule.total_tokens": (lambda v: v is None or v > 0, "positive, or null"),
-    "train.schedule.decay_fraction": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "train.schedule.decay_steps": (lambda v: v is None or v >= 1, "at least 1, or null for decay_fraction"),
-    "train.spike.window": (lambda v: v >= 2, "at least 2 (a standard deviation needs two values)"),
-    "train.spike.threshold": (lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (standard deviations)"),
-    "parallel.ac_every": (lambda v: v >= 1, "at least 1"),
-    "checkpoint.every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
-    "eval.every": (lambda v: v >= 0, ">= 0 (0 = only at the end)"),
-    "eval.val_every": (lambda v: v >= 0, ">= 0 (0 = never)"),
-    "eval.val_batches": (lambda v: v >= 1, "at least 1"),
-    "eval.batch_size": (lambda v: v >= 1, "at least 1"),
-    "eval.limit": (lambda v: v is None or v >= 1, "at least 1, or null for every row"),
-    "model.init_std": (lambda v: v > 0, "positive"),
-    "model.rope_theta": (lambda v: v > 0, "positive"),
-    "model.norm_eps": (lambda v: v > 0, "positive"),
-    "profile.wait": (lambda v: v >= 0, ">= 0"),
-    "profile.warmup": (lambda v: v >= 0, ">= 0"),
-    "profile.active": (lambda v: v >= 1, "at least 1"),
-    "profile.repeat": (lambda v: v >= 0, ">= 0 (0 = until the run ends)"),
-    "profile.memory_snapshot_step": (
-        lambda v: v is None or v >= 0,
-        ">= 0 (0 = only at an OutOfMemoryError), or null for no recording",
-    ),
-}
+def choice(default, choices: tuple):
+    """A config field restricted to ``choices``."""
+    return field(default=default, metadata={CHOICES: tuple(choices)})
+
+
+def bounded(default, test, must_be: str):
+    """A config field whose value must pass ``test``; ``must_be`` words the rule for the error."""
+    return field(default=default, metadata={CHECK: (test, must_be)})
+
+
+def field_rules(cls, prefix: str = "") -> list[tuple[str, dict]]:
+    """``(dotted key, metadata)`` of every field of the config dataclass ``cls`` (nested ones included) that
+    carries a choice or a range."""
+    hints = typing.get_type_hints(cls)
+    rules = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            rules += field_rules(kind, f"{prefix}{f.name}.")
+        elif CHOICES in f.metadata or CHECK in f.metadata:
+            rules.append((prefix + f.name, f.metadata))
+    return rules
 
 
 def _value(cfg, dotted: str):
@@ -67,11 +47,16 @@ def _value(cfg, dotted: str):
     return cfg
 
 
-def _check_ranges(cfg) -> None:
-    for dotted, (ok, words) in RANGES.items():
+def _check_fields(cfg) -> None:
+    for dotted, rule in field_rules(type(cfg)):
         value = _value(cfg, dotted)
-        if not ok(value):
-            raise ConfigError(f"key '{dotted}' must be {words}, got {value!r}")
+        if CHOICES in rule and value not in rule[CHOICES]:
+            raise ConfigError(f"key '{dotted}' must be one of {', '.join(rule[CHOICES])}, got {value!r}")
+        if CHECK in rule and not rule[CHECK][0](value):
+            raise ConfigError(f"key '{dotted}' must be {rule[CHECK][1]}, got {value!r}")
+
+
+def _check_betas(cfg) -> None:
     betas = list(cfg.train.optimizer.betas)
     if not all(0 <= beta < 1 for beta in betas):
         raise ConfigError(f"key 'train.optimizer.betas' must lie in [0, 1), got {betas}")
@@ -79,13 +64,10 @@ def _check_ranges(cfg) -> None:
 
 def check_values(cfg) -> None:
     """Constraints no type can express: choices, divisibility, positive sizes."""
-    for dotted, choices in CHOICES.items():
-        value = _value(cfg, dotted)
-        if value not in choices:
-            raise ConfigError(f"key '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
+    _check_fields(cfg)
     _check_model(cfg.model, cfg.data.seq_len)
     _check_training(cfg)
-    _check_ranges(cfg)
+    _check_betas(cfg)
     _check_stability_and_schedule(cfg)
     _check_data_sources(cfg)
 

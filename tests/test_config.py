@@ -191,3 +191,18 @@ def test_numbers_out_of_range_are_refused_naming_the_key(override, key):
 def test_a_learning_rate_of_zero_and_no_weight_decay_stay_valid():
     cfg = load_config(None, ["train.optimizer.lr=0", "train.optimizer.weight_decay=0", "train.optimizer.grad_clip=0"])
     assert cfg.train.optimizer.lr == 0 and cfg.train.max_steps is None
+
+
+def test_each_fields_choices_and_range_sit_beside_the_field_and_are_checked():
+    from ladder_train.config import Config
+    from ladder_train.config_checks import field_rules
+
+    rules = dict(field_rules(Config))
+    assert rules["model.residual"]["choices"] == ("standard", "parallel", "ladder")  # ModelArgs' own field
+    assert rules["train.schedule.kind"]["choices"] == ("cosine", "wsd")  # a nested section
+    assert rules["data.seq_len"]["check"][1] == "at least 1"
+    assert "run.name" not in rules  # a free-form field has no rule
+    with pytest.raises(ConfigError, match=r"^key 'train.spike.threshold' must be a finite number > 0 .*got -1.0$"):
+        load_config(REPO / "recipes/smoke.yaml", ["train.spike.threshold=-1"])
+    with pytest.raises(ConfigError, match=r"^key 'eval.mode' must be one of inprocess, slurm, got 'later'$"):
+        load_config(REPO / "recipes/smoke.yaml", ["eval.mode=later"])

@@ -18,7 +18,7 @@ from .adapter import EvalError
 
 @dataclass(frozen=True)
 class SavedModel:
-    """A model folder (``kind``: ``export`` or ``checkpoint``, as ``loading.folder_kind`` says), its
+    """A model folder (``kind``: ``export`` or ``checkpoint``, as ``folders.folder_kind`` says), its
     config.json fields (a checkpoint's are those ladder-export would write) and its tokenizer."""
 
     path: Path

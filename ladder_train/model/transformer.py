@@ -18,7 +18,7 @@ training runs exactly the same block code that inference runs under TP.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +38,11 @@ class ModelArgs:
     n_kv_heads: int | None = None  # grouped-query attention; None = n_heads (multi-head attention)
     ffn_dim: int = 4096  # SwiGLU hidden size
     max_seq_len: int = 2048  # rope table length, the longest sequence the model accepts
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    init_std: float = 0.02  # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
-    residual: str = "standard"  # standard | parallel | ladder
+    rope_theta: float = field(default=10000.0, metadata={"check": (lambda v: v > 0, "positive")})
+    norm_eps: float = field(default=1e-5, metadata={"check": (lambda v: v > 0, "positive")})
+    # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
+    init_std: float = field(default=0.02, metadata={"check": (lambda v: v > 0, "positive")})
+    residual: str = field(default="standard", metadata={"choices": RESIDUAL_LAYOUTS})  # standard | parallel | ladder
     ladder_layers: int | None = None  # ladder only: the last N layers are ladder, the rest standard; None = all
     tie_embeddings: bool = True  # the output head is the embedding matrix; False: its own `output` weight
     # Llama-3.1's rope frequency scaling, as in a Hugging Face config: {"rope_type": "llama3", "factor",

@@ -63,4 +63,4 @@ class EmptyBatches:
         return {"empty_skips": self.skips}
 
     def load_state_dict(self, state: dict) -> None:
-        self.skips = state.get("empty_skips", 0)  # absent from checkpoints of older versions
+        self.skips = state.get("empty_skips", 0)  # an entry without it counted none

@@ -190,7 +190,7 @@ class StabilityGuard:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """From the trainer entry (flat keys; older checkpoints lack all but ``nonfinite_skips``)."""
+        """From the trainer entry (flat keys; where an entry has only ``nonfinite_skips``, the rest start at zero)."""
         self.nonfinite_skips = state["nonfinite_skips"]
         self.spikes = state.get("spikes", 0)
         # where absent, every step drew one global batch
