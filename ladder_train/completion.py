@@ -15,7 +15,7 @@ import torch.distributed as dist
 from .data import load_chat_template, model_tokenizer, stop_tokens, tokenizer_config_folder
 from .dtypes import resolve_dtype
 from .errors import InputError
-from .inference import Generator, TPCommunicator, check_tp_degree, comm_mode_for, load_tp_model
+from .inference import Generator, check_tp_degree, load_tp_model
 from .loading import ModelSource, resolve_source
 from .parallel import init_distributed
 
@@ -118,8 +118,6 @@ def complete(request: CompletionRequest) -> Completion:
     group = dist.group.WORLD if world > 1 else None
     try:
         model = load_tp_model(ready.source.path, rank, world, env.device, dtype, group=group)
-        if group is not None:  # the ladder's all-reduces overlap the next module, as in the benchmark
-            model.set_communicator(TPCommunicator(comm_mode_for(model.args.residual), group))
         start = time.perf_counter()
         prompt = torch.tensor([ready.prompt], device=env.device)
         generator = Generator(model, group)

@@ -1,5 +1,5 @@
 """Where a model comes from, in one place: resolve a source, build it on the meta device, materialise it, and
-load its weights whole (``load_model``) or as one tensor-parallel rank's shard (``load_tp_model``).
+load its weights whole (``load_model``) or as one tensor-parallel rank's shard (``load_tp_shard``).
 
 A source is a preset name (random weights), a Hugging Face Llama folder (``config.json`` + ``model.safetensors``
 or its shards: what ladder-export writes, or any pretrained Llama) or a training checkpoint
@@ -199,7 +199,7 @@ def _checkpoint_reader(path: Path, model: Transformer, tp_rank: int, tp_size: in
 
 
 @torch.no_grad()
-def load_tp_model(
+def load_tp_shard(
     source: str | Path,
     tp_rank: int = 0,
     tp_size: int = 1,
@@ -216,7 +216,8 @@ def load_tp_model(
     A preset is initialised exactly as ``torch.manual_seed(seed)`` + ``Transformer.init_weights`` would
     initialise the full model on ``device`` (one full tensor at a time, then sliced), so every TP degree
     holds the same function. A checkpoint is read collectively over ``group`` (default: the world), the
-    TP group. The model is in eval mode, with no communicator installed."""
+    TP group. The model is in eval mode, with no communicator: at TP > 1 it computes partial sums until one is
+    installed, so TP inference loads through ``inference.load_tp_model``, which installs it."""
     found = resolve_source(source, **overrides)
     args = found.args
     check_tp_degree(args, tp_size, str(source))

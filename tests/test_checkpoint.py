@@ -475,10 +475,10 @@ def test_bit_flipped_weights_are_named_with_the_previous_checkpoint(smoke_run, t
     capsys.readouterr()
     assert eval_main([str(step4), "--tasks", "arc_easy_local"]) == 1
     assert capsys.readouterr().err == f"ladder-eval: {expected}\n"
-    from ladder_train.loading import load_tp_model
+    from ladder_train.loading import load_tp_shard
 
     with pytest.raises(CheckpointError) as err:
-        load_tp_model(step4)
+        load_tp_shard(step4)
     assert f"error: {err.value}" == expected
 
     # the previous one is fine

@@ -26,7 +26,7 @@ from dist_utils import run_ranks, save_training_checkpoint
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
 from ladder_train.inference import generate as generate_module
 from ladder_train.inference.tp import EmulatedLinkCommunicator
-from ladder_train.loading import load_model
+from ladder_train.loading import load_model, load_tp_shard
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
 from ladder_train.model.transformer import RMSNorm
@@ -94,7 +94,10 @@ def _worker(rank, world, port, exports, out_dir):
     for name, path in exports.items():
         model = load_tp_model(path, tp_rank=rank, tp_size=world)
         residual = model.args.residual
+        installed = model.layers[0].comm
+        ready = run_model(model)["cached"]  # as loaded: the communicator load_tp_model installed
         results[name] = run_model(model, TPCommunicator(comm_mode_for(residual)))
+        results[name]["ready"] = (type(installed).__name__, installed.mode, ready)
         results[name]["static"] = run_model(model, TPCommunicator(comm_mode_for(residual)), static=True)["cached"]
         results[name]["local_wq_rows"] = model.layers[0].attention.wq.weight.shape[0]
         model.setup_kv_cache(1, 4)
@@ -151,6 +154,17 @@ def test_tp2_prefill_and_decode_logits_equal_single_process(tp_run, layout):
         torch.testing.assert_close(result[layout]["static"], reference[layout]["cached"], atol=1e-5, rtol=1e-5)
     # each rank held half of the query heads (4 heads x head dim 8 in full) and cached 1 of the 2 kv heads
     assert ranks[0][layout]["local_wq_rows"] == 16 and ranks[0][layout]["local_kv_cache_heads"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_tp_rank_loads_ready_with_its_layouts_all_reduce_installed(tp_run, layout):
+    ranks, reference = tp_run
+    mode = "async" if LAYOUTS[layout][0] == "ladder" else "sync"
+    for result in ranks:
+        kind, installed_mode, logits = result[layout]["ready"]
+        assert (kind, installed_mode) == ("TPCommunicator", mode)
+        torch.testing.assert_close(logits, reference[layout]["cached"], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -224,8 +238,8 @@ def test_emulated_link_serialises_all_reduces_in_flight(tp_run):
 
 
 def test_random_preset_shards_are_slices_of_the_full_init():
-    full = load_tp_model("tiny", tp_rank=0, tp_size=1, residual="ladder", vocab_size=64)
-    shards = [load_tp_model("tiny", tp_rank=r, tp_size=2, residual="ladder", vocab_size=64) for r in range(2)]
+    full = load_tp_shard("tiny", tp_rank=0, tp_size=1, residual="ladder", vocab_size=64)
+    shards = [load_tp_shard("tiny", tp_rank=r, tp_size=2, residual="ladder", vocab_size=64) for r in range(2)]
     for name, param in full.named_parameters():
         local = [dict(s.named_parameters())[name] for s in shards]
         if name.endswith(("wo.weight", "w_down.weight")):

@@ -23,7 +23,7 @@ from ladder_train.config import load_config
 from ladder_train.errors import InputError
 from ladder_train.folders import folder_kind, run_config_path
 from ladder_train.inference import Generator
-from ladder_train.loading import load_tp_model
+from ladder_train.loading import load_tp_shard
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import INDEX_FILE, LADDER_MODEL_TYPE, save_export
 from ladder_train.parallel import free_port
@@ -80,7 +80,7 @@ def test_a_transformers_llama_folder_gives_its_logits(tmp_path, tie):
     assert (model.output is None) is tie
     with torch.no_grad():
         torch.testing.assert_close(model(TOKENS), expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(load_tp_model(tmp_path / "hf")(TOKENS), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(load_tp_shard(tmp_path / "hf")(TOKENS), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_without_rope_scaling_the_logits_differ(tmp_path):
@@ -99,7 +99,7 @@ def _tp_worker(rank, world, port, folder, out):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from ladder_train.inference import TPCommunicator
 
-    model = load_tp_model(folder, tp_rank=rank, tp_size=world)
+    model = load_tp_shard(folder, tp_rank=rank, tp_size=world)
     model.set_communicator(TPCommunicator("sync"))
     with torch.no_grad():
         logits = model(TOKENS)
@@ -556,7 +556,7 @@ def test_a_crafted_folder_is_refused_in_one_line_whole_and_at_tp2(tmp_path, case
     craft, file, message = CRAFTED_FOLDERS[case]
     folder = small_export(tmp_path / "model")
     craft(folder)
-    for load in (load_model, lambda f: load_tp_model(f, tp_rank=0, tp_size=2)):
+    for load in (load_model, lambda f: load_tp_shard(f, tp_rank=0, tp_size=2)):
         with pytest.raises(InputError) as err:
             load(folder)
         assert str(err.value).startswith(f"{folder / file}: {message}"), str(err.value)
@@ -625,7 +625,7 @@ def test_a_crafted_trainer_entry_is_refused_in_one_line_before_any_allocation(tm
         raise AssertionError(f"a model was built from {args}")
 
     monkeypatch.setattr(loading, "build_on_meta", no_build)
-    for load in (load_model, load_tp_model):
+    for load in (load_model, load_tp_shard):
         with pytest.raises(InputError) as err:
             load(step)
         assert str(err.value).startswith(f"{step}: the trainer entry{message}"), str(err.value)

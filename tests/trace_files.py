@@ -64,14 +64,11 @@ def decode_step_files() -> list[str]:
     import torch
     import torch.distributed as dist
 
-    from ladder_train.inference.generate import Generator
-    from ladder_train.inference.tp import TPCommunicator, comm_mode_for
-    from ladder_train.loading import load_tp_model
+    from ladder_train.inference import Generator, load_tp_model
 
     dist.init_process_group("gloo")
     try:
         model = load_tp_model("tiny", tp_rank=dist.get_rank(), tp_size=2, residual="ladder", vocab_size=64)
-        model.set_communicator(TPCommunicator(comm_mode_for("ladder"), dist.group.WORLD))
         generator = Generator(model, dist.group.WORLD)
         generator.setup(1, 8)
         prompt = torch.tensor([[1, 2, 3]])

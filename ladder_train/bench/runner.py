@@ -33,9 +33,8 @@ import torch.distributed as dist
 
 from ..bench_schema import shape_name, write_rows
 from ..dtypes import resolve_dtype
-from ..inference.generate import Generator
-from ..inference.tp import TPCommunicator, comm_mode_for, make_communicator
-from ..loading import load_tp_model
+from ..inference import Generator, TPCommunicator, comm_mode_for, load_tp_model
+from ..inference.tp import make_communicator
 from ..option_errors import OptionError
 from ..parallel import free_port, init_distributed
 from .module_times import module_times_ms, peak_memory
@@ -174,13 +173,15 @@ def load_entries(options: BenchOptions, rank: int, world: int, device, dtype, gr
     entries = []
     for source, layout in measurements(options, world):
         preset_overrides = {} if is_saved_model(source) else {**options.overrides, "residual": layout}
-        model = load_tp_model(source, rank, world, device, dtype, seed=options.seed, **preset_overrides)
         comms = {"real": None}
         if group is not None:
             link = (options.link_latency_ms, options.link_bandwidth_gbs)
             comms["real"] = make_communicator(comm_mode_for(layout), group, *link)
             if options.ceiling:
                 comms["none"] = TPCommunicator("none", group)
+        model = load_tp_model(
+            source, rank, world, device, dtype, seed=options.seed, group=group, comm=comms["real"], **preset_overrides
+        )
         gen = Generator(model, group, compile=compiled, backend=options.compile_backend)
         entries.append((source, layout, model, gen, comms))
     return entries
