@@ -214,7 +214,7 @@ def test_bad_input_is_one_line_and_exit_2_before_loading(tmp_path, capsys, monke
     def no_loading(*args, **kwargs):
         raise AssertionError("weights were read")
 
-    monkeypatch.setattr("ladder_train.loading.load_tp_model", no_loading)
+    monkeypatch.setattr("ladder_train.completion.load_tp_model", no_loading)  # the name ladder-generate calls
     paths = dict(tmp=tmp_path, folder=folder, export=tmp_path / "export")
     status, out, err = run_cli(capsys, *[a.format(**paths) for a in argv])
     lines = [line for line in err.splitlines() if not line.startswith("data: tokenizer")]  # a logged note

@@ -1,5 +1,5 @@
 """Tensor parallelism for inference: the reduce hook. The sharding plan is model/tp_sharding.py; each rank loads
-only its shard through ``loading.load_tp_model``.
+only its shard through ``inference.load_tp_model``, which installs this hook.
 
 The reduce hook, :class:`TPCommunicator`, turns those partial sums into full sums through functional
 collectives (``torch.ops._c10d_functional.all_reduce`` / ``wait_tensor``). We use them rather than
