@@ -17,7 +17,7 @@ from fabricate import fabricate_run
 from ladder_train.cli import main as cli_main
 from ladder_train.config import ConfigError
 from ladder_train.study.grid import grid, split_values
-from ladder_train.study.stats import best_rate, paired_difference
+from ladder_train.study.stats import best_rate, holm, paired_difference, pairs_for_power, power
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "recipes" / "smoke.yaml")
@@ -128,8 +128,12 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path):
     while "preempted" not in trainer_log.read_text() and time.time() < deadline:
         time.sleep(0.2)
     assert "preempted" in trainer_log.read_text(), "the orphaned trainer must save and stop, not train on"
-    time.sleep(2)
-    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and str(study) in _cmdline(pid)]
+    # after its last line the trainer still closes its loader workers and process group: on a loaded machine that
+    # takes seconds, so wait for it to end rather than guess how long
+    deadline = time.time() + 60
+    while _study_processes(study) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _study_processes(study)
     assert not (second / "summary.json").exists()
 
     done = subprocess.run(_study_cmd(study), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -139,6 +143,10 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path):
     assert "resuming from" in done.stdout
     assert (first / "metrics.jsonl").read_text() == finished_metrics  # not trained again
     assert json.loads((second / "summary.json").read_text())["step"] == 40
+
+
+def _study_processes(study: Path) -> list[str]:
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and str(study) in _cmdline(pid)]
 
 
 def _cmdline(pid: str) -> str:
@@ -315,3 +323,26 @@ def test_collect_copies_the_finished_points_small_results_and_nothing_else(tmp_p
         "model.residual=standard/metrics.jsonl",
         "model.residual=standard/summary.json",
     ]
+
+
+def test_holm_adjusts_the_smallest_p_most_and_keeps_the_order_monotone():
+    # the study's four validation-loss comparisons: ladder, parallel, the 4- and 6-layer controls
+    adjusted = holm([0.040, 0.134, 0.099, 0.573])
+    # by hand: 4 x 0.040 = 0.160; 3 x 0.099 = 0.297; 2 x 0.134 = 0.268, raised to 0.297; 1 x 0.573
+    assert adjusted == pytest.approx([0.160, 0.297, 0.297, 0.573])
+    assert holm([0.9, 0.5]) == [1.0, 1.0]  # capped at 1, and never below an earlier adjusted value
+    assert holm([]) == []
+
+
+def test_power_and_the_pairs_it_takes_match_the_noncentral_t():
+    # 3 pairs, a true difference of 0.043 at pair sd 0.020: the centre is 0.043 / (0.020 / sqrt 3) = 3.72 on 2
+    # degrees of freedom against t(0.975, 2) = 4.30, about half the mass beyond it
+    assert power(0.043, 0.020, 3) == pytest.approx(0.517, abs=0.002)
+    # many pairs and a large effect: the interval always excludes 0 (the far tail is 0, not nan)
+    assert power(0.048, 0.017, 11) == pytest.approx(1.0, abs=1e-6)
+    # no effect: the test rejects at its own level
+    assert power(0.0, 0.02, 5) == pytest.approx(0.05, abs=1e-9)
+    # 80 % power at a true 0.01: 25 / 34 / 52 pairs at sd 0.017 / 0.020 / 0.025, and the count is the fewest
+    assert [pairs_for_power(0.01, sd) for sd in (0.017, 0.020, 0.025)] == [25, 34, 52]
+    assert power(0.01, 0.017, 24) < 0.8 <= power(0.01, 0.017, 25)
+    assert pairs_for_power(1e-6, 0.02, most=100) is None

@@ -64,3 +64,40 @@ def best_rate(losses: dict[float, float]) -> RateChoice:
     rates = sorted(losses)
     best = min(rates, key=lambda lr: (losses[lr], lr))
     return RateChoice(best, losses[best], best in (rates[0], rates[-1]))
+
+
+def power(effect: float, sd: float, n: int, confidence: float = 0.95) -> float:
+    """The chance that n pairs with pair-to-pair sd ``sd`` give a two-sided t interval excluding 0 when the true mean
+    difference is ``effect`` (the noncentral t: centred at effect / (sd / sqrt(n)), n - 1 degrees of freedom)."""
+    if n < 2:
+        raise ValueError("power needs at least two pairs")
+    if sd <= 0:
+        return 1.0 if effect else 1 - confidence
+    df = n - 1
+    critical = scipy_stats.t.ppf(0.5 + confidence / 2, df)
+    centre = effect / (sd / math.sqrt(n))
+    # both tails as upper tails (the far lower tail's cdf can come back nan); a tail too far out to compute is 0
+    tails = (scipy_stats.nct.sf(critical, df, centre), scipy_stats.nct.sf(critical, df, -centre))
+    return float(sum(0.0 if math.isnan(tail) else tail for tail in tails))
+
+
+def pairs_for_power(effect: float, sd: float, target: float = 0.8, confidence: float = 0.95, most: int = 10_000):
+    """The fewest pairs whose paired t test detects a true ``effect`` with probability ``target`` at pair sd ``sd``;
+    None when even ``most`` pairs do not."""
+    n = 2
+    while power(effect, sd, n, confidence) < target:
+        n += 1
+        if n > most:
+            return None
+    return n
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of p-values for testing them together (same order as given): the k-th smallest
+    times the number not yet passed, never below an earlier adjusted one, at most 1."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * len(p_values), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
