@@ -1,5 +1,6 @@
 """The developer benchmarks (benchmarks/): the trainer benchmark times the steps it was asked for."""
 
+import math
 import os
 import subprocess
 import sys
@@ -83,3 +84,21 @@ def test_bare_loop_runs_on_the_trainers_device(monkeypatch, capsys):
     bench.main(["--steps", "2", "--rounds", "1", *BENCH_TINY])
     assert seen and set(seen) == {("meta", "meta")}
     assert capsys.readouterr().out.startswith("bare loop : ")
+
+
+@pytest.mark.slow
+def test_the_unigram_floor_of_the_study_is_reproduced_from_its_data(tmp_path, monkeypatch):
+    """benchmarks/unigram_baseline.py gives the committed figure again, from the study's own data."""
+    import json
+
+    if not (REPO.parent / "shared" / "data" / "fineweb").is_dir():
+        pytest.skip("../shared not found: the study's FineWeb sample is needed")
+    from benchmarks.unigram_baseline import main
+
+    monkeypatch.chdir(REPO)  # the recipe names ../shared relative to the repository
+    assert main(["--out", str(tmp_path / "unigram.json")]) == 0
+    made = json.loads((tmp_path / "unigram.json").read_text())
+    committed = json.loads((REPO / "docs/results/study_small/unigram.json").read_text())
+    assert made["val_tokens"] == 80 * 16 * 512 and made["train_tokens"] == committed["train_tokens"]
+    assert made["nats_per_byte"] == pytest.approx(committed["nats_per_byte"], abs=1e-9)
+    assert 3.0 < made["nats_per_byte"] < math.log(257)  # better than uniform over the 257 tokens

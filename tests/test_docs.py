@@ -78,7 +78,11 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     }
     # ladder - standard: +0.1, +0.2 -> mean 0.15, sd 0.0707; t(0.975, 1) = 12.7062 -> half-width 0.6353
     assert rows[("validation loss (nats/token)", "ladder")][3:5] == ["+0.1500", "[-0.4853, +0.7853]"]
-    assert "half-width 0.6353 ≥ 0.01" in rows[("validation loss (nats/token)", "ladder")][6]
+    assert "half-width 0.6353 ≥ 0.01" in rows[("validation loss (nats/token)", "ladder")][-1]
+    # t = 3 on 1 degree of freedom: p = 1 - 2 atan(3) / pi = 0.2048; the 1-layer control's +0.5, +0.4: t = 9,
+    # p = 1 - 2 atan(9) / pi = 0.0704. Holm over the two: 2 x 0.0704 = 0.141, then max(0.141, 0.2048) = 0.205
+    assert rows[("validation loss (nats/token)", "ladder")][5:7] == ["0.205", "0.205"]
+    assert rows[("validation loss (nats/token)", "standard (model.n_layers=1)")][5:7] == ["0.070", "0.141"]
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][-1] == "baseline"
     assert f"6 of the study's {STUDY_SEED_RUNS} seed runs finished" in table and "ladder: 0, 1" in table
     assert "slowest–fastest): 506 (506–506)" in table  # fabricated tokens/s 501..510: median 505.5

@@ -81,7 +81,7 @@ def latency_note(link_latency_ms: float, module_ms: dict) -> str:
     """How the emulated latency X compares with one module's decode compute c, which decides what overlap
     can hide: below it, each all-reduce can vanish behind the next module; above it, the serialised link
     is the bottleneck (busy X per all-reduce, back to back), so the ladder's decode speedup is bounded
-    near (c + X) / X = 1 + c / X."""
+    near (c + X) / X = 1 + c / X, with c the mean of the modules' compute (each all-reduce hides behind one module)."""
     shortest = min(module_ms.values())
     ratio = link_latency_ms / shortest
     times = ", ".join(f"{k} {v:.2f} ms" for k, v in module_ms.items())
@@ -90,7 +90,8 @@ def latency_note(link_latency_ms: float, module_ms: dict) -> str:
     bound = 1 + statistics.mean(module_ms.values()) / link_latency_ms
     return (
         f"Emulated X = {link_latency_ms:g} ms is {ratio:.1f}x the shorter module's decode compute ({times}): "
-        f"the serialised link is the bottleneck, so the ladder's decode speedup is bounded near 1 + c/X = {bound:.2f}x"
+        f"the serialised link is the bottleneck, so the ladder's decode speedup is bounded near 1 + c/X = {bound:.2f}x, "
+        "c the mean of the two modules' compute"
     )
 
 

@@ -10,6 +10,7 @@ tests/test_docs.py runs) fails where a doc's table differs from what its data gi
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import sys
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, InputError
-from ..study import default_baseline, group_runs, sweeps
+from ..paper import PRETRAINING
+from ..study import compare_groups, default_baseline, group_runs, pairs_for_power, power, sweeps
 from . import doc_bench_tables, doc_eval_tables, doc_tp_tables
 from .runs import read_run, train_tokens_per_s
 from .study import comparison_section
@@ -28,6 +30,7 @@ COMMAND = "python -m ladder_train.report.docs_tables --write"
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 STUDY_LR = Path("docs/results/study_small/lr")
 STUDY_SEEDS = Path("docs/results/study_small/seeds")
+STUDY_UNIGRAM = Path("docs/results/study_small/unigram.json")
 # 3 seeds x (standard, parallel, ladder, the 6- and 4-layer standard controls), as docs/results.md plans
 STUDY_SEED_RUNS = 15
 LAYOUTS = ("standard", "parallel", "ladder")
@@ -80,6 +83,73 @@ def study_seeds(root: Path) -> str:
     )
 
 
+def study_paper_gap(root: Path) -> str:
+    """The paper's ladder − standard Wikitext gap in the study's unit, nats per byte (through the bytes per word of
+    the study's own ``wikitext2_local`` evaluations), beside what the study's pairs can detect at their measured sd."""
+    folders = sorted(p.parent for p in (root / STUDY_SEEDS).glob("*/metrics.jsonl"))
+    if not folders:
+        raise FileNotFoundError(2, "no finished run", str(root / STUDY_SEEDS))
+    groups = group_runs([read_run(p) for p in folders])
+    baseline = default_baseline(groups)
+    wikitext = baseline.runs[0].eval_summary["wikitext2_local"]
+    # ln(word perplexity) / ln(byte perplexity) = (loss / words) / (loss / bytes) = bytes per word of the text
+    bytes_per_word = math.log(wikitext["word_perplexity"]) / math.log(wikitext["byte_perplexity"])
+    tested = [row.difference for row in compare_groups(groups, baseline) if row.difference is not None]
+    tested = tested[: len(groups) - 1]  # the first metric's: the validation loss
+    ladder = next(row.difference for row in compare_groups(groups, baseline) if row.group.label.startswith("ladder"))
+    pooled = math.sqrt(statistics.fmean(d.sd**2 for d in tested))
+    n = ladder.n
+    paper = {(row.size, row.residual): row.wikitext_ppl for row in PRETRAINING}
+    gaps = [
+        (f"paper {size}: ladder − standard", math.log(paper[size, "ladder"] / paper[size, "standard"]))
+        for size in ("1.2B", "3.5B")
+    ]
+    rows = []
+    for name, per_word in gaps:
+        rows.append(_gap_row(name, f"{per_word:+.4f}", per_word / bytes_per_word, n, ladder.sd, pooled))
+    for effect in (0.01, 0.02, 0.05):
+        rows.append(_gap_row(f"a difference of {effect:g} nats/byte", "—", effect, n, ladder.sd, pooled))
+    header = [
+        "difference",
+        "nats per WikiText word",
+        "nats per byte",
+        f"power of {n} pairs (sd {ladder.sd:.4f})",
+        f"pairs for 80 % (sd {ladder.sd:.4f})",
+        f"pairs for 80 % (sd {pooled:.4f})",
+    ]
+    return (
+        markdown_table(header, rows)
+        + f"\n\nBytes per word {bytes_per_word:.2f}: ln(word perplexity) / ln(byte perplexity) of `wikitext2_local` in "
+        f"the baseline's seed-{baseline.runs[0].seed} run. The paper's Wikitext perplexities are its Table 3 "
+        f"(`ladder_train/paper.py`). Pair sd: the ladder − standard validation-loss pairs' ({ladder.sd:.4f}) and the "
+        f"pooled sd of the {len(tested)} comparisons with the baseline ({pooled:.4f}), over the seeds in "
+        f"`{STUDY_SEEDS}`. Power: two-sided paired t test at 95 % (noncentral t).\n"
+    )
+
+
+def _gap_row(name: str, per_word: str, per_byte: float, n: int, sd: float, pooled: float) -> list[str]:
+    needed = [pairs_for_power(abs(per_byte), s) for s in (sd, pooled)]
+    return [
+        name,
+        per_word,
+        f"{per_byte:+.4f}",
+        f"{power(abs(per_byte), sd, n):.0%}",
+        *("more than 10,000" if k is None else f"{k:,}" for k in needed),
+    ]
+
+
+def study_unigram(root: Path) -> str:
+    """The study's floor: a unigram model of the training bytes on the runs' validation bytes
+    (``benchmarks/unigram_baseline.py``)."""
+    data = json.loads((root / STUDY_UNIGRAM).read_text())
+    return (
+        f"For scale, a unigram model of the training bytes scores {data['nats_per_byte']:.3f} nats per byte on the "
+        f"same {data['val_tokens']:,} validation bytes the runs score ({data['smoothing']} of "
+        f"{data['vocab_size']} tokens, counted over {data['train_tokens']:,} training labels; `{STUDY_UNIGRAM}`, "
+        f"written {data['date'][:10]} by `{data['command']}`).\n"
+    )
+
+
 def json_table(relative: str) -> Callable[[Path], str]:
     """A table stored as ``{"header": [...], "rows": [[...]], "note": "..."}`` by the script that measured it."""
 
@@ -120,6 +190,8 @@ ACTIVATION_MEMORY = "docs/results/activation_memory/cpu.jsonl"  # written by `py
 TABLES: dict[str, Callable[[Path], str]] = {
     "study-lr-sweep": study_lr_sweep,
     "study-seeds": study_seeds,
+    "study-paper-gap": study_paper_gap,
+    "study-unigram": study_unigram,
     "predict-paper70": json_table("docs/results/predict_paper70.json"),  # written by `ladder-predict paper --out`
     "activation-memory": activation_memory,
     **doc_bench_tables.TABLES,  # the developer benchmarks' JSON lines (benchmarks/*.py --out)

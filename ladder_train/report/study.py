@@ -12,8 +12,11 @@ from ..study import (
     Sweep,
     compare_groups,
     final_val_loss,
+    holm,
     paired_difference,
+    pairs_for_power,
     plot_bands,
+    power,
     seeds_table,
     verdict,
 )
@@ -65,33 +68,65 @@ def sweep_section(sweeps: list[Sweep], out: Path) -> list[str]:
 
 
 def comparison_section(groups: list[Group], baseline: Group, resolution: float | None) -> list[str]:
-    """Mean ± sd over seeds and the paired difference to the baseline, with its 95 % interval, per metric."""
-    header = ["metric", "group", "lr", "n", "mean ± sd", "paired difference", "95 % interval", "p", "reading"]
+    """Mean ± sd over seeds and the paired difference to the baseline, with its 95 % interval, p-value and Holm's
+    adjustment over the metric's comparisons, per metric; with a resolution, the power of the pairs at a true
+    difference of that size and the pairs that 80 % power needs at the measured pair sd."""
+    header = ["metric", "group", "lr", "n", "mean ± sd", "paired difference", "95 % interval", "p", "Holm p"]
+    if resolution is not None:
+        header += [f"power at {resolution:g}", f"pairs for 80 % at {resolution:g}"]
+    header.append("reading")
+    comparisons = compare_groups(groups, baseline)
+    adjusted = holm_by_metric(comparisons)
     rows = []
-    for row in compare_groups(groups, baseline):
+    for row in comparisons:
         diff = row.difference
         mean = f"{row.mean:.4f}" + ("" if row.sd is None else f" ± {row.sd:.4f}")
-        rows.append(
-            [
-                row.metric.name,
-                row.group.label,
-                f"{row.group.runs[0].config.train.optimizer.lr:g}",
-                str(len(row.group.runs)),
-                mean,
-                "—" if diff is None else f"{diff.mean:+.4f}",
-                "—" if diff is None else f"[{diff.low:+.4f}, {diff.high:+.4f}]",
-                "—" if diff is None else f"{diff.p_value:.3f}",
-                verdict(row, resolution),
-            ]
-        )
+        cells = [
+            row.metric.name,
+            row.group.label,
+            f"{row.group.runs[0].config.train.optimizer.lr:g}",
+            str(len(row.group.runs)),
+            mean,
+            "—" if diff is None else f"{diff.mean:+.4f}",
+            "—" if diff is None else f"[{diff.low:+.4f}, {diff.high:+.4f}]",
+            "—" if diff is None else f"{diff.p_value:.3f}",
+            "—" if diff is None else f"{adjusted[id(row)]:.3f}",
+        ]
+        if resolution is not None:
+            cells += power_cells(diff, resolution)
+        rows.append([*cells, verdict(row, resolution)])
     return [
         f"Baseline: {baseline.label}. Paired difference = mean over seeds of (group − baseline), each seed giving both "
         "the same data order and initial weights; its 95 % interval is t(0.975, n − 1) x sd / sqrt(n). An interval "
-        "that holds 0 cannot tell the two apart. Eval tasks are listed where the baseline scores above chance by "
-        "two standard errors.",
+        "that holds 0 cannot tell the two apart. Holm p: the p-value adjusted (Holm's step-down) over the metric's "
+        "comparisons with the baseline, as they are tested together. "
+        + (
+            ""
+            if resolution is None
+            else f"Power: the chance that n pairs at the measured pair sd exclude 0 when the true difference is "
+            f"{resolution:g} (noncentral t); pairs for 80 %: how many such pairs reach 80 % power. "
+        )
+        + "Eval tasks are listed where the baseline scores above chance by two standard errors.",
         "",
         markdown_table(header, rows),
     ]
+
+
+def holm_by_metric(comparisons: list) -> dict[int, float]:
+    """Holm-adjusted p-values of each metric's paired differences, by ``id`` of the comparison row."""
+    adjusted = {}
+    for metric in {row.metric.name for row in comparisons}:
+        tested = [row for row in comparisons if row.metric.name == metric and row.difference is not None]
+        for row, p in zip(tested, holm([row.difference.p_value for row in tested]), strict=True):
+            adjusted[id(row)] = p
+    return adjusted
+
+
+def power_cells(diff, effect: float) -> list[str]:
+    if diff is None:
+        return ["—", "—"]
+    needed = pairs_for_power(effect, diff.sd)
+    return [f"{power(effect, diff.sd, diff.n):.0%}", "—" if needed is None else str(needed)]
 
 
 def plot_sweeps(sweeps: list[Sweep], out: Path) -> Path:
