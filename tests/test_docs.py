@@ -102,3 +102,21 @@ def test_the_retrained_smollm2_table_reads_its_own_folder(tmp_path):
     conversion, retrained = make_table("smollm2-conversion", ROOT), make_table("smollm2-retrained", tmp_path)
     assert "| upper 15 layers ladder, retrained | 83.83 | 105.88 | 36.0 ± 3.4 |" in retrained
     assert retrained.replace(", retrained", "").replace(str(SMOLLM2_RETRAINED), str(SMOLLM2)) == conversion
+
+
+def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen_rate(tmp_path):
+    from fabricate import fabricate_run
+
+    from ladder_train.report.docs_tables import STUDY_HORIZON, STUDY_SEEDS, make_table
+
+    seeds, horizon = tmp_path / STUDY_SEEDS, tmp_path / STUDY_HORIZON
+    seeds.mkdir(parents=True)
+    horizon.mkdir(parents=True)
+    for layout, base in (("standard", 2.0), ("ladder", 2.1)):
+        fabricate_run(seeds, f"{layout}_s0", layout, base, ["train.optimizer.lr=8e-3", "run.seed=0"], summary={})
+        fabricate_run(seeds, f"{layout}_s1", layout, base + 5, ["train.optimizer.lr=8e-3", "run.seed=1"], summary={})
+    fabricate_run(horizon, "standard_4e-3", "standard", 1.9, ["train.optimizer.lr=4e-3", "run.seed=0"], summary={})
+    table = make_table("study-horizon", tmp_path)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| standard")]
+    # final validation loss = base + 1: 3.0 at the chosen 8e-3 (seed 0, not seed 1's 8.0), 2.9 at 4e-3
+    assert rows == [["standard", "0.008", "3.0000", "0.004", "2.9000", "-0.1000"]]

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from dist_utils import run_ranks, save_training_checkpoint
 
-from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, sample
+from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model, next_tokens
 from ladder_train.inference import generate as generate_module
 from ladder_train.inference.tp import EmulatedLinkCommunicator
 from ladder_train.loading import load_model, load_tp_shard
@@ -272,8 +272,8 @@ def test_tp_degree_not_dividing_heads_fails_before_loading(tmp_path):
 
 def test_sampling_greedy_and_top_k():
     logits = torch.tensor([[0.0, 3.0, 2.9, -1.0, 1.0]]).repeat(500, 1)
-    assert torch.equal(sample(logits), torch.full((500,), 1))
-    drawn = sample(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(next_tokens(logits), torch.full((500,), 1))
+    drawn = next_tokens(logits, temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
     assert set(drawn.tolist()) == {1, 2}  # only the two best, and both of them
 
 
@@ -551,7 +551,7 @@ def test_a_compiled_decode_step_on_cuda_never_waits_for_or_copies_from_the_host(
     real_generator = torch.Generator
     monkeypatch.setattr(torch, "Generator", lambda device=None: real_generator())  # no cuda generator on a CPU build
     # fake tensors cannot draw from a generator: the draw (a device kernel into the fixed buffer) goes unseeded
-    monkeypatch.setattr(generate_module, "draw_noise", lambda shape, generator, device, out: out.exponential_())
+    monkeypatch.setattr(generate_module, "exponential_draws", lambda shape, generator, device, out: out.exponential_())
     traffic = HostTraffic()
     # force_eager: the compiled Generator's own code path, with its step functions run eagerly (dynamo cannot
     # trace fake cuda tensors on a CPU build); the prefill's H2D and syncs are not recorded, one decode step is
@@ -724,7 +724,7 @@ def test_compiled_sampling_chooses_inside_the_step_and_draws_the_eager_tokens():
 def test_the_exponential_race_samples_the_softmax():
     """argmax(p / E) with E ~ Exp(1) draws token i with probability p_i (20,000 draws, within 4 sd)."""
     logits = torch.tensor([[0.0, 1.0, 2.0, -9.0]]).repeat(20000, 1)
-    drawn = sample(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    drawn = next_tokens(logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
     p = torch.softmax(logits[0], -1)
     share = torch.bincount(drawn, minlength=4) / 20000
     assert (share - p).abs().max() < 4 * (p * (1 - p) / 20000).sqrt().max()

@@ -14,7 +14,7 @@ from ..errors import InputError
 from ..loading import resolve_source
 from ..model import RESIDUAL_LAYOUTS
 from ..model.tp_sharding import check_tp_degree
-from ..option_errors import OptionError
+from ..option_errors import OptionError, check_layouts
 
 COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
 
@@ -81,12 +81,7 @@ def measurements(options: BenchOptions, tp: int) -> list[tuple[str, str]]:
 def _check_settings(options: BenchOptions) -> None:
     """Every option but the models, each refused in one line naming it."""
     layouts = options.layouts
-    if not layouts or any(v not in RESIDUAL_LAYOUTS for v in layouts):
-        raise OptionError(
-            "{layouts} {given!r}: each must be one of {known}",
-            given=",".join(layouts),
-            known=", ".join(RESIDUAL_LAYOUTS),
-        )
+    check_layouts(layouts)
     runs_ok = options.runs is None or options.runs >= 1
     if options.gen_len < 2 or options.prompt_len < 1 or not runs_ok or options.warmup < 0:
         raise OptionError("need {gen_len} >= 2, {prompt_len} >= 1, {runs} >= 1, {warmup} >= 0")

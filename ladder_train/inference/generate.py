@@ -20,6 +20,7 @@ communicator (dynamo guards on them): the benchmark raises dynamo's recompile li
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -27,7 +28,16 @@ import torch.distributed as dist
 from ..model import Transformer
 
 
-def choose(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, noise=None) -> torch.Tensor:
+class Sampling(NamedTuple):
+    """How the next token is chosen: the argmax at temperature 0, else a sample among the ``top_k`` most likely."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+
+
+def pick_next_tokens(
+    logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, noise=None
+) -> torch.Tensor:
     """Next tokens (B,) from last-position logits (B, vocab), with no host sync, so it runs inside a compiled step:
     greedy at temperature 0, else a top-k sample by the exponential race argmax(p / E), E ~ Exp(1) given as
     ``noise`` (B, vocab) (drawn outside the step: a seeded torch.Generator cannot enter the graph)."""
@@ -41,18 +51,22 @@ def choose(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = N
     return (torch.softmax(logits, dim=-1) / noise.clamp_min(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
 
 
-def draw_noise(shape: tuple[int, int], generator: torch.Generator, device, out: torch.Tensor | None = None):
-    """Exp(1) draws for ``choose`` from a seeded generator, in place into ``out`` when given (a fixed buffer)."""
+def exponential_draws(shape: tuple[int, int], generator: torch.Generator, device, out: torch.Tensor | None = None):
+    """Exp(1) draws for ``pick_next_tokens`` from a seeded generator, in place into ``out`` when given (a fixed buffer)."""
     out = torch.empty(shape, dtype=torch.float32, device=device) if out is None else out
     return out.exponential_(generator=generator)
 
 
-def sample(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None) -> torch.Tensor:
+def next_tokens(
+    logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None, generator=None
+) -> torch.Tensor:
     """Next tokens (B,) from last-position logits (B, vocab): greedy at temperature 0, else top-k sampling."""
     if temperature <= 0:
-        return choose(logits)
+        return pick_next_tokens(logits)
     generator = generator or torch.Generator(device=logits.device)
-    return choose(logits, temperature, top_k, draw_noise(tuple(logits.shape), generator, logits.device))
+    return pick_next_tokens(
+        logits, temperature, top_k, exponential_draws(tuple(logits.shape), generator, logits.device)
+    )
 
 
 def inductor_options(device: torch.device) -> dict:
@@ -111,15 +125,17 @@ class Generator:
         self.model.clear_kv_cache()
         self.cache_shape, self._caches = None, []
 
-    def _prefill_eager(self, prompt: torch.Tensor, how: tuple | None = None, noise=None) -> torch.Tensor:
-        """Logits after ``prompt``, or with ``how`` = (temperature, top_k) the next tokens, chosen in the same graph."""
+    def _prefill_eager(self, prompt: torch.Tensor, sampling: Sampling | None = None, noise=None) -> torch.Tensor:
+        """Logits after ``prompt``, or with ``sampling`` the next tokens, chosen in the same graph."""
         logits = self.model(prompt, start_pos=0, last_only=True)[:, -1]
-        return logits if how is None else choose(logits, *how, noise)
+        return logits if sampling is None else pick_next_tokens(logits, *sampling, noise)
 
-    def _decode_eager(self, tokens: torch.Tensor, pos: int | torch.Tensor, how: tuple | None = None, noise=None):
-        """Logits (or, with ``how``, the next tokens: argmax or sample in the same graph) after ``tokens`` (B, 1)."""
+    def _decode_eager(
+        self, tokens: torch.Tensor, pos: int | torch.Tensor, sampling: Sampling | None = None, noise=None
+    ):
+        """Logits (or, with ``sampling``, the next tokens: argmax or sample in the same graph) after ``tokens`` (B, 1)."""
         logits = self.model(tokens, start_pos=pos, last_only=True)[:, -1]
-        return logits if how is None else choose(logits, *how, noise)
+        return logits if sampling is None else pick_next_tokens(logits, *sampling, noise)
 
     @torch.no_grad()
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
@@ -143,12 +159,12 @@ class Generator:
             if self._noise is None or self._noise.shape != shape:
                 self._noise = torch.empty(shape, dtype=torch.float32, device=self.device)
                 torch._dynamo.mark_static_address(self._noise)  # CUDA graphs read it in place, no copy per step
-            noise = draw_noise(shape, generator, self.device, out=self._noise)
-        tokens = step(*inputs, how=(temperature, top_k), noise=noise)
+            noise = exponential_draws(shape, generator, self.device, out=self._noise)
+        tokens = step(*inputs, sampling=Sampling(temperature, top_k), noise=noise)
         tokens = tokens.clone() if self.compiled else tokens
-        return self.agree(tokens) if temperature > 0 else tokens
+        return self.share_rank0_tokens(tokens) if temperature > 0 else tokens
 
-    def agree(self, tokens: torch.Tensor) -> torch.Tensor:
+    def share_rank0_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Every TP rank continues with rank 0's tokens."""
         if self.tp_group is not None and dist.get_world_size(self.tp_group) > 1:
             dist.broadcast(tokens, src=dist.get_global_rank(self.tp_group, 0), group=self.tp_group)

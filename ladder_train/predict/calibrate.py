@@ -115,7 +115,7 @@ def _block_overheads(both, reps: int) -> dict:
     what a decode step adds around its layers (embedding, final norm, head, sampling, the Python loop)."""
     import torch
 
-    from ..inference.generate import Generator, sample
+    from ..inference import Generator, next_tokens
     from ..model import ModelArgs, Transformer
 
     args = ModelArgs(vocab_size=64, dim=64, n_layers=2, n_heads=4, ffn_dim=128, max_seq_len=64)
@@ -136,7 +136,7 @@ def _block_overheads(both, reps: int) -> dict:
     with torch.no_grad():
         attn = both(repeat(lambda: r + layer.attention(layer.attention_norm(r), cos, sin, pos)), reps) / loops
         mlp = both(repeat(lambda: r + layer.mlp(layer.mlp_norm(r))), reps) / loops
-        step = both(repeat(lambda: sample(gen.decode_step(tokens, pos))), reps) / loops
+        step = both(repeat(lambda: next_tokens(gen.decode_step(tokens, pos))), reps) / loops
     return {"attention_s": attn, "mlp_s": mlp, "step_s": max(step - args.n_layers * (attn + mlp), 0.0)}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..model.transformer import RESIDUAL_LAYOUTS
-from ..option_errors import OptionError
+from ..option_errors import OptionError, check_layouts
 from .hardware import load_profiles
 from .perfmodel import Emulated, predict_rows
 from .shapes import resolve_shape
@@ -61,12 +61,7 @@ def prediction_grid(options: PredictOptions) -> list[tuple]:
     """Every (shape, device, link, tp, emulated link) to predict; all input is checked here, before any work."""
     devices = load_profiles(options.profile)
     layouts = options.layouts
-    if not layouts or any(v not in RESIDUAL_LAYOUTS for v in layouts):
-        raise OptionError(
-            "{layouts} {given!r}: each must be one of {known}",
-            given=",".join(layouts),
-            known=", ".join(RESIDUAL_LAYOUTS),
-        )
+    check_layouts(layouts)
     if options.prompt_len < 1 or options.gen_len < 2:
         raise OptionError("need {prompt_len} >= 1 and {gen_len} >= 2")
     jobs = []
