@@ -95,9 +95,9 @@ def study_paper_gap(root: Path) -> str:
     wikitext = baseline.runs[0].eval_summary["wikitext2_local"]
     # ln(word perplexity) / ln(byte perplexity) = (loss / words) / (loss / bytes) = bytes per word of the text
     bytes_per_word = math.log(wikitext["word_perplexity"]) / math.log(wikitext["byte_perplexity"])
-    tested = [row.difference for row in compare_groups(groups, baseline) if row.difference is not None]
-    tested = tested[: len(groups) - 1]  # the first metric's: the validation loss
-    ladder = next(row.difference for row in compare_groups(groups, baseline) if row.group.label.startswith("ladder"))
+    loss = [row for row in compare_groups(groups, baseline) if row.metric.name.startswith("validation loss")]
+    tested = [row.difference for row in loss if row.difference is not None]
+    ladder = next(row.difference for row in loss if row.group.label.startswith("ladder"))
     pooled = math.sqrt(statistics.fmean(d.sd**2 for d in tested))
     n = ladder.n
     paper = {(row.size, row.residual): row.wikitext_ppl for row in PRETRAINING}
