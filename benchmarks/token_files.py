@@ -40,7 +40,7 @@ from ladder_train.data.token_files import (
 )
 from ladder_train.data.token_loader import TokenFileLoader
 from ladder_train.gpu_cards import CARDS
-from ladder_train.model.presets import PRESETS, flops_per_token
+from ladder_train.model import PRESETS, flops_per_token
 from ladder_train.model.transformer import ModelArgs
 
 CHUNK = 1 << 26  # synthetic tokens written this many at a time

@@ -6,12 +6,7 @@ Residual transformers (Zhang, Mishra et al., ICML 2025, arXiv 2501.06589).
 
 from __future__ import annotations
 
-from .hf import register_when_transformers_is_imported
-
 __version__ = "0.1.0"
-
-# AutoModelForCausalLM.from_pretrained(a ladder export) works in any process that imported ladder_train
-register_when_transformers_is_imported()
 
 
 def __getattr__(name: str):

@@ -7,7 +7,7 @@ or its shards: what ladder-export writes, or any pretrained Llama) or a training
 eval hook, ladder-export, ladder-eval, ladder-bench and ``ladder_train.load_model`` all load through here.
 Checkpoints and exports are data: nothing here runs code from them (docs/design.md, "Checkpoints"), and nothing is
 built from them unchecked: ``resolve_source``, which every path goes through, checks the shape a config.json or a
-checkpoint's trainer entry gives (``model/validate.py``) and a folder's weights against it (names, whole shapes,
+checkpoint's trainer entry gives (``model/shape_checks.py``) and a folder's weights against it (names, whole shapes,
 dtypes, index entries: ``hf_format.export_tensors``) before any weight is read; a crafted folder is one line, exit 2.
 """
 
@@ -27,9 +27,9 @@ from .folders import COMPLETE_MARKER, folder_kind
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
 from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensors
 from .model.presets import PRESETS
+from .model.shape_checks import check_model_fields, read_json_object
 from .model.tp_sharding import KV_WEIGHTS, check_tp_degree, shard_dim, shard_index
 from .model.transformer import rope_tables
-from .model.validate import check_model_fields, read_json_object
 
 SOURCE_KINDS = ("preset", "export", "checkpoint")
 
@@ -47,7 +47,7 @@ class ModelSource:
 
 def resolve_source(source: str | Path, **overrides) -> ModelSource:
     """The kind and ModelArgs of a preset name (``overrides`` set its fields), an export folder or a training
-    checkpoint. Reads only the config and the weights' headers, and checks them (model/validate.py): a crafted
+    checkpoint. Reads only the config and the weights' headers, and checks them (model/shape_checks.py): a crafted
     or ill-formed folder raises InputError (one line naming the file and the field), as does anything else."""
     if str(source) in PRESETS:
         return ModelSource("preset", preset_args(str(source), **overrides))

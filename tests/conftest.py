@@ -34,3 +34,23 @@ def smollm2(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("smollm2") / "hf"
     subprocess.run([sys.executable, str(script), str(folder)], check=True, capture_output=True, timeout=300)
     return folder
+
+
+class Exported:
+    def __init__(self, returncode: int, stderr: str):
+        self.returncode, self.stderr = returncode, stderr
+
+
+@pytest.fixture
+def export(capsys):
+    """ladder-export in this process (a new process per call would add ~8 s of imports), under the console
+    scripts' error policy."""
+    from ladder_train.cli import run_command
+    from ladder_train.cli.export import run as export_command
+
+    def run(checkpoint: Path, out: Path) -> Exported:
+        capsys.readouterr()
+        code = run_command("ladder-export", export_command, [str(checkpoint), str(out)])
+        return Exported(code, capsys.readouterr().err)
+
+    return run

@@ -68,7 +68,7 @@ def test_bare_loop_runs_on_the_trainers_device(monkeypatch, capsys):
     import torch
 
     from benchmarks import train_step as bench
-    from ladder_train.parallel.mesh import Dist
+    from ladder_train.parallel.mesh import RankEnv
 
     seen = []
 
@@ -78,7 +78,7 @@ def test_bare_loop_runs_on_the_trainers_device(monkeypatch, capsys):
             return super().forward(tokens, *args, **kwargs)
 
     monkeypatch.setattr(bench, "Transformer", Spy)
-    monkeypatch.setattr(bench, "init_distributed", lambda: Dist(0, 1, 0, 1, torch.device("meta")))
+    monkeypatch.setattr(bench, "init_distributed", lambda: RankEnv(0, 1, 0, 1, torch.device("meta")))
     monkeypatch.setattr(bench, "trainer_loop", lambda cfg, batches, steps, env: 1.0)
     monkeypatch.setattr(bench.dist, "destroy_process_group", lambda: None)
     bench.main(["--steps", "2", "--rounds", "1", *BENCH_TINY])

@@ -138,7 +138,7 @@ def test_report_of_a_link_sweep(tmp_path):
 
 
 def test_the_report_says_when_the_runs_spread_covers_a_difference(tmp_path):
-    from ladder_train.report.bench import spread_notes
+    from ladder_train.report.tp_bench import spread_notes
 
     rows = [
         {"layout": "standard", "batch": 1, "tokens_per_s_runs": {"samples": [100.0, 90.0, 110.0]}},

@@ -98,7 +98,7 @@ def test_the_circle_finder_finds_a_circle():
 
 def test_the_import_reader_sees_imports_inside_functions_and_relative_ones():
     graph = import_graph()
-    assert "ladder_train.folders" in graph["ladder_train.checkpoint.files"]  # from ..folders import ...
+    assert "ladder_train.folders" in graph["ladder_train.checkpoint.integrity"]  # from ..folders import ...
     assert "ladder_train.model.hf_format" in graph["ladder_train.model"]  # from .hf_format import ...
     assert "ladder_train.study.runner" in graph["ladder_train.cli.train"]  # inside cmd_study
 
@@ -169,7 +169,7 @@ def test_the_floor_check_finds_upward_sideways_and_unplaced_imports():
         "ladder_train.model.transformer": {"ladder_train.data.loader"},  # ground -> services
         "ladder_train.data.loader": {
             "ladder_train.loading",
-            "ladder_train.checkpoint.files",
+            "ladder_train.checkpoint.integrity",
             "ladder_train.model.presets",
         },
         "ladder_train.report.tables": {"ladder_train.study.groups", "ladder_train.study"},
@@ -180,7 +180,7 @@ def test_the_floor_check_finds_upward_sideways_and_unplaced_imports():
         "unplaced": ["ladder_train.newthing"],
         "upward": ["ladder_train.model.transformer -> ladder_train.data.loader"],
         "sideways into internals": [
-            "ladder_train.data.loader -> ladder_train.checkpoint.files",
+            "ladder_train.data.loader -> ladder_train.checkpoint.integrity",
             "ladder_train.report.tables -> ladder_train.study.groups",
         ],
     }

@@ -3,7 +3,7 @@
 running code (``safe_load``)."""
 
 from .checkpointer import Checkpointer
-from .files import MANIFEST, CheckpointError, complete_checkpoints, first_line, verify_checkpoint
+from .integrity import MANIFEST, CheckpointError, complete_checkpoints, first_line, verify_checkpoint
 from .safe_load import load_dcp, read_trainer_state
 
 __all__ = [

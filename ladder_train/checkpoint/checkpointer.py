@@ -1,7 +1,7 @@
 """Distributed checkpoints (torch.distributed.checkpoint): sharded save, atomic completion, auto-resume.
 
 Layout: ``RUN_DIR/checkpoints/step-N/`` holds the DCP files (every rank writes its shards), ``MANIFEST.json``
-and a ``COMPLETE`` marker written last (``checkpoint/files.py``). A checkpoint is written as ``step-N.partial``
+and a ``COMPLETE`` marker written last (``checkpoint/integrity.py``). A checkpoint is written as ``step-N.partial``
 and renamed once complete, so a crash while saving leaves the previous checkpoints usable; a ``step-N`` folder
 without the marker (cut short some other way) is skipped with a warning.
 
@@ -14,10 +14,13 @@ only at the same world size). Checkpoints are data: they are read without runnin
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import shutil
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Protocol
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -31,10 +34,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from ..config import CheckpointConfig
 from ..folders import COMPLETE_MARKER, folder_kind
-from .files import (
+from .integrity import (
     CheckpointError,
     checkpoint_failure,
     complete_checkpoints,
+    first_line,
     is_main_process,
     verify_checkpoint,
     write_manifest,
@@ -45,6 +49,28 @@ from .safe_load import describe, load_dcp, pack, pack_json, read_trainer_state, 
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+LOW_SPACE_BYTES = 64 * 2**20  # a write that failed with less free than this is reported as a full disk
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return shutil.disk_usage(folder).free
+    return None
+
+
+def _megabytes(free: int | None) -> str:
+    return "unknown space" if free is None else f"{free / 2**20:,.0f} MiB"
+
+
+class TrainingState(Protocol):
+    """What a checkpoint holds beside the model and optimizer: one entry shared by all ranks, one per rank."""
+
+    def trainer_entry(self) -> dict: ...
+
+    def rank_entry(self) -> dict: ...
 
 
 class Checkpointer:
@@ -78,9 +104,13 @@ class Checkpointer:
 
     # save ---------------------------------------------------------------------------------------------
 
-    def periodic_save_due(self, step: int, max_steps: int) -> bool:
-        """Every ``checkpoint.every`` steps before the last (the trainer saves the last one anyway)."""
-        return bool(self.cfg.every) and step % self.cfg.every == 0 and step < max_steps
+    def maybe_save(self, step: int, max_steps: int, model, optimizer, state: TrainingState) -> bool:
+        """Called after every step: saves every ``checkpoint.every`` steps before the last (the trainer saves
+        the last one itself) and says whether it did."""
+        if not self.cfg.every or step % self.cfg.every or step >= max_steps:
+            return False
+        self.save(step, model, optimizer, state.trainer_entry(), state.rank_entry())
+        return True
 
     def save(self, step: int, model, optimizer, trainer_state: dict, rank_state: dict) -> Path:
         """Write step ``step``. With ``async_save`` the files are written in the background and the
@@ -100,19 +130,39 @@ class Checkpointer:
             f"rank{self.rank}": pack(rank_state),
         }
         if self.cfg.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self._async_group)
+            with self._write_failures(partial):
+                future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self._async_group)
             self._pending = (future, partial, step)
         else:
-            dcp.save(state, checkpoint_id=str(partial))
+            with self._write_failures(partial):
+                dcp.save(state, checkpoint_id=str(partial))
             self._complete(partial, step)
         return final
+
+    @contextlib.contextmanager
+    def _write_failures(self, partial: Path):
+        """A write that fails on a full disk surfaces from DCP as anything from ``OSError(ENOSPC)`` to a torch
+        serialization error ("unexpected pos ..."); say what it was and what survives."""
+        try:
+            yield
+        except Exception as err:
+            free = _free_bytes(partial)
+            full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full and (free is None or free >= LOW_SPACE_BYTES):
+                raise
+            complete = complete_checkpoints(self.folder, warn=False)
+            raise CheckpointError(
+                f"writing {partial} failed ({first_line(err)}): {_megabytes(free)} free on its file system; free "
+                f"space, then rerun to resume from {complete[-1] if complete else 'the start (no complete checkpoint)'}"
+            ) from None
 
     def finish(self) -> None:
         """Wait for a background save and complete it."""
         if self._pending is not None:
             future, partial, step = self._pending
             self._pending = None
-            future.result()
+            with self._write_failures(partial):
+                future.result()
             self._complete(partial, step)
 
     def _complete(self, partial: Path, step: int) -> None:

@@ -17,7 +17,7 @@ import argparse
 
 from ..errors import InputError
 from ..option_errors import OptionError
-from ..predict.grid import PredictOptions
+from ..predict.predictions import PredictOptions
 from .args import Parser, int_list, model_overrides, names, non_negative_float, non_negative_int, positive_int
 
 PROG = "ladder-predict"
@@ -161,8 +161,8 @@ def paper(argv: list[str]) -> int:
 def compare(flags: argparse.Namespace) -> int:
     """``ladder-predict --compare BENCH.jsonl``."""
     from ..predict.compare import bench_rows, compare_with_bench, print_compare
-    from ..predict.grid import real_link
     from ..predict.hardware import load_profiles
+    from ..predict.predictions import real_link
 
     devices = load_profiles(flags.profile)
     gpu = flags.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
@@ -178,7 +178,7 @@ def compare(flags: argparse.Namespace) -> int:
 def predict(flags: argparse.Namespace, grid: PredictOptions) -> int:
     """``ladder-predict``: the grid's predictions, printed and, asked for, appended to a file and plotted."""
     from ..bench_schema import write_rows
-    from ..predict.grid import plot, prediction_rows, print_table
+    from ..predict.predictions import plot, prediction_rows, print_table
 
     rows = prediction_rows(grid)
     print_table(rows)

@@ -63,7 +63,7 @@ def cmd_train(argv: list[str]) -> int:
 
 def cmd_show(argv: list[str]) -> int:
     """Print the resolved config and the model's size."""
-    from ..model.presets import count_params, flops_per_token
+    from ..model import count_params, flops_per_token
 
     args = _config_parser("ladder-train show").parse_args(argv)
     cfg = load_config(args.config, args.overrides)

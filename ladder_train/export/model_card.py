@@ -134,9 +134,10 @@ def _loading_section(path_hint: str, llama: bool) -> str:
         )
     return (
         "A parallel or ladder model computes another function than a Llama with the same weights, so it has its own "
-        "class (`model_type: ladder_llama`). With ladder-train installed, importing it registers the class:\n\n"
-        f"```python\nimport ladder_train  # registers ladder_llama with transformers\nfrom transformers import "
-        f'AutoModelForCausalLM, AutoTokenizer\n\nmodel = AutoModelForCausalLM.from_pretrained("{path_hint}")\n```\n\n'
+        "class (`model_type: ladder_llama`). With ladder-train installed, register it with transformers:\n\n"
+        "```python\nimport ladder_train.hf\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        "ladder_train.hf.register()  # ladder_llama for AutoConfig / AutoModelForCausalLM\n"
+        f'model = AutoModelForCausalLM.from_pretrained("{path_hint}")\n```\n\n'
         "Without ladder-train, `trust_remote_code=True` makes transformers import `configuration_ladder_llama.py` and "
         "`modeling_ladder_llama.py` from this folder and run them as Python with your permissions: read them first "
         "(they import only torch and transformers), and pin a revision when loading from the Hub.\n\n"

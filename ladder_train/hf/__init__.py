@@ -3,16 +3,12 @@
 
 The two ``*_ladder_llama.py`` files import only torch and transformers: every parallel or ladder export carries
 copies of them, named by ``auto_map`` in its config.json, so it loads with ``trust_remote_code=True`` anywhere.
-Importing ``ladder_train`` registers the classes with ``AutoConfig`` and ``AutoModelForCausalLM`` (once transformers
-is imported, so a command that never uses transformers does not pay for importing it).
+``register()`` makes ``AutoConfig`` and ``AutoModelForCausalLM`` read them without the folder's code; nothing is
+registered on import (importing ``ladder_train`` changes no import machinery and does not import transformers).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-import warnings
 from pathlib import Path
 
 MODEL_TYPE = "ladder_llama"
@@ -38,38 +34,3 @@ def register() -> None:
 
     AutoConfig.register(MODEL_TYPE, LadderLlamaConfig, exist_ok=True)
     AutoModelForCausalLM.register(LadderLlamaConfig, LadderLlamaForCausalLM, exist_ok=True)
-
-
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when ``transformers`` is first imported it lets the other finders locate it and
-    registers the classes right after the module has run (a post-import hook)."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != "transformers":
-            return None
-        sys.meta_path.remove(self)  # once only; find_spec below must not come back here
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        run_module = spec.loader.exec_module
-
-        def run_then_register(module):
-            run_module(module)
-            _register_or_warn()
-
-        spec.loader.exec_module = run_then_register
-        return spec
-
-
-def _register_or_warn() -> None:
-    try:
-        register()
-    except Exception as err:  # an incompatible transformers must not break importing it
-        warnings.warn(f"ladder_train: ladder_llama not registered with transformers ({err})", stacklevel=2)
-
-
-def register_when_transformers_is_imported() -> None:
-    if "transformers" in sys.modules:
-        _register_or_warn()
-    elif not any(isinstance(finder, _RegisterAfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport())

@@ -1,11 +1,11 @@
 """Device mesh, FSDP2/HSDP sharding, activation checkpointing, compile, and sharded initialisation."""
 
 from .apply import init_sharded_weights, parallelize, resolve_dtype
-from .mesh import BatchSplit, Dist, build_mesh, free_port, init_distributed, resolve_degrees
+from .mesh import BatchSplit, RankEnv, build_mesh, free_port, init_distributed, resolve_degrees
 
 __all__ = [
     "BatchSplit",
-    "Dist",
+    "RankEnv",
     "build_mesh",
     "free_port",
     "init_distributed",

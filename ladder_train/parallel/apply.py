@@ -73,7 +73,7 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -
     # FSDP hands each block its inputs as autograd views, and the first ladder block returns its input
     # stream untouched (its outputs join one module late), so FSDP warns that a view could lose its
     # pre-backward hook to an in-place op. Nothing adds in place to a block's outputs; the gradients are
-    # checked against one process in tests/test_trainer.py.
+    # checked against one process in tests/test_train.py.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPBlock\) returned a view tensor")
     last = len(model.layers) - 1
     for i, block in enumerate(model.layers):

@@ -20,7 +20,7 @@ _timeout: timedelta | None = None  # the default group's timeout, given to the m
 
 
 @dataclass
-class Dist:
+class RankEnv:
     """Where this process sits: its rank, the world, and its device."""
 
     rank: int
@@ -48,7 +48,7 @@ def init_distributed(
     world_size: int | None = None,
     cpu: bool = False,
     group_of_one: bool = True,
-) -> Dist:
+) -> RankEnv:
     """Join the process group torchrun set up, or make a group of one, so a single process runs the
     same sharded code path. NCCL with one GPU per process when CUDA is available, gloo on the CPU.
     The one place a process group is created (train/dry_run.py's fake dry-run group aside).
@@ -91,7 +91,7 @@ def init_distributed(
             device_id=device if backend == "nccl" else None,
             timeout=_timeout,
         )
-    return Dist(rank, world_size, local_rank, local_world_size, device)
+    return RankEnv(rank, world_size, local_rank, local_world_size, device)
 
 
 def resolve_degrees(cfg: ParallelConfig, world_size: int, local_world_size: int) -> tuple[int, int]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model.hf_format import args_from_hf_config
+from ..model.shape_checks import read_json_object
 from ..model.transformer import ModelArgs
-from ..model.validate import read_json_object
 from ..option_errors import OptionError
 
 # The paper's size sweep, Llama architecture: untied output head, vocabulary 128256 unless given.

@@ -17,10 +17,10 @@ from ..bench_schema import read_bench
 from ..config import ConfigError
 from ..option_errors import OptionError
 from ..study import Group, default_baseline, group_runs, seeded, sweeps
-from .bench import bench_section
 from .runs import Run, read_run
 from .study import comparison_section, plot_paired_validation, seeds_section, sweep_section
 from .tables import markdown_table, plot_loss, plot_lr, results_table, runs_table
+from .tp_bench import bench_section
 
 __all__ = ["Run", "find_runs", "read_run", "write_report"]
 

@@ -17,8 +17,8 @@ from ..bench import latency_note
 from ..bench_schema import read_bench
 from ..predict import bench_rows, compare_with_bench, load_profiles
 from . import link_sweep
-from .bench import spread_notes
 from .tables import markdown_table
+from .tp_bench import spread_notes
 from .tp_invocations import cell, invocations, joined_values, machines, runs_note, samples
 
 TP_GENERATION = "docs/results/tp_generation/cpu.jsonl"  # docs/results.md, "Tensor-parallel generation"
@@ -105,7 +105,7 @@ def tp_generation(rows: list[dict], path: str = TP_GENERATION) -> str:
 
 def _setting_notes(cases: dict[tuple, list[tuple[dict, dict]]]) -> list[str]:
     """The emulated link against the module times (medians over the invocations), and where a layout's tokens/s
-    over the invocations overlaps standard's (``report/bench.py``'s note, the invocations as its runs)."""
+    over the invocations overlaps standard's (``report/tp_bench.py``'s note, the invocations as its runs)."""
     notes = []
     standard = [row for key, pairs in cases.items() if key[2] == "standard" for row, _ in pairs]
     x = standard[0].get("emulated_link_latency_ms") if standard else None

@@ -20,7 +20,7 @@ from ..checkpoint import Checkpointer
 from ..config import Config
 from ..loading import model_from_state
 from ..model import ModelArgs, Transformer
-from ..parallel import Dist
+from ..parallel import RankEnv
 
 # how long the other ranks wait for rank 0's lm-eval (or export): the paper's seven tasks on a 3.5B model take
 # longer than any sensible collective timeout; if rank 0 dies instead, torchrun ends the others
@@ -33,7 +33,7 @@ class Evaluator:
     None when the trainer was given fixed batches (tests): nothing to hold out or to score text with."""
 
     cfg: Config
-    env: Dist
+    env: RankEnv
     run_dir: Path
     model_args: ModelArgs
     micro_batch: int

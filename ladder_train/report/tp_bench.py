@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bench import latency_note
+from ..bench import latency_note, module_time_rows
 from ..plots import new_figure, save_figure
 from . import link_sweep
 from .tables import markdown_table
@@ -124,9 +124,9 @@ def bench_section(rows: list[dict], out: Path) -> list[str]:
             "(an all-reduce starts when it is issued and the previous one has ended).",
             "",
         ]
-        module_ms = next((r["module_ms"] for r in rows if r.get("module_ms")), None)
-        if module_ms:
-            lines += [latency_note(emulated, module_ms) + ".", ""]
+        timed = next(iter(module_time_rows(rows).values()), None)  # the smallest batch's, as ladder-bench prints
+        if timed:
+            lines += [latency_note(emulated, timed["module_ms"]) + f" (batch {timed['batch']}).", ""]
     lines += [
         "Speedup = end-to-end tokens/s over standard's (prefill included, the paper's definition); the decode-step "
         "speedup beside it.",

@@ -41,6 +41,12 @@ def previous_complete(path: Path) -> Path | None:
     return older[-1] if older else None
 
 
+def step_number(path: Path) -> int | None:
+    """N of a ``step-N`` folder, else None."""
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
 def checkpoint_failure(path: Path, what: str) -> CheckpointError:
     previous = previous_complete(path)
     return CheckpointError(f"{path}: {what}; the previous complete checkpoint is {previous or 'none'}")

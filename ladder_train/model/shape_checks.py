@@ -4,6 +4,10 @@ A model folder's ``config.json`` (after ``hf_format``'s key mapping) and a train
 (its ``model_args``) are data a user hands in. A crafted value (a string size, zero heads, heads that do not divide
 the hidden size, a vocabulary of 3e9) must give one line naming the file and the field (InputError, exit 2), never
 a traceback deep inside the model or an attempt to allocate terabytes.
+
+The transformers class an export carries (``ladder_train/hf/configuration_ladder_llama.py``, which may import only
+transformers) repeats these checks on config.json's names with the same limits and messages; change both together
+(tests/test_hf.py compares their verdicts).
 """
 
 from __future__ import annotations
@@ -109,6 +113,11 @@ def _shape_problems(args: ModelArgs, label) -> list[str]:
     if args.n_heads % args.n_kv_heads:
         return [f"{label('n_kv_heads')}={args.n_kv_heads}: does not divide {label('n_heads')}={args.n_heads}"]
     ladder = args.ladder_layers
+    if ladder is not None and args.residual != "ladder":  # as config_checks and the transformers class say
+        return [
+            f"{label('ladder_layers')}={ladder!r}: only a ladder has ladder layers "
+            f"(null for {label('residual')}={args.residual!r})"
+        ]
     if ladder is not None and (not _is_int(ladder) or not 0 <= ladder <= args.n_layers):
         return [f"{label('ladder_layers')}={ladder!r}: must be an integer in [0, {label('n_layers')}={args.n_layers}]"]
     largest = {

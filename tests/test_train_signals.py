@@ -1,0 +1,269 @@
+"""Signals and process lifetime: every preemption signal saves and exits 75 (SIGUSR1 through torchrun too); ranks
+and loader workers end with their trainer or launcher, even on kill -9; a run refused as bad input leaves no run
+folder."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_loader_workers_die_with_a_killed_trainer(tmp_path):
+    import signal
+    import time
+
+    # batches of 8 x 2048 tokens (~260 kB) fill the worker -> trainer pipe, where an orphaned worker used to
+    # block forever (the trainer is slow to take them: each step trains on one)
+    cmd = [
+        sys.executable,
+        "-u",
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={tmp_path / 'run'}",
+        "model.max_seq_len=2048",
+        "data.seq_len=2048",
+        "data.num_workers=2",
+        "train.micro_batch_size=8",
+        "train.max_steps=1000",
+        "train.log_every=1",
+    ]
+    trainer = subprocess.Popen(
+        cmd,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    workers: set[int] = set()
+    try:
+        for line in trainer.stdout:  # the first step is logged once the workers are delivering batches
+            if line.startswith("step"):
+                break
+        workers = _children(trainer.pid)
+        assert len(workers) >= 2, workers
+        time.sleep(2)  # let the workers fill the pipe
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=10)
+        assert not _survivors(workers, seconds=4), "loader workers outlived the killed trainer"
+    finally:
+        trainer.kill()
+        for pid in workers:  # orphans of a failed run: ours to end
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path):
+    """What the README says to expect: the rank saves and exits 75, torchrun itself exits 1."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=1",
+        "--signals-to-handle",
+        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.max_steps=2000",
+        "train.log_every=1",
+        "data.num_workers=0",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        ranks = _children(proc.pid)
+        proc.send_signal(signal.SIGUSR1)  # to torchrun only, as srun delivers it
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, output[-2000:]
+        assert "preempted: stopped by a signal after step" in output and "exit 75 to requeue" in output
+        assert output.strip().splitlines()[-1].endswith(f"SignalException: Process {proc.pid} got signal: 10")
+        assert not [p for p in ranks if _running(p)]
+        assert any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
+    finally:
+        proc.kill()
+
+
+def _survivors(pids: set[int], seconds: float) -> list[int]:
+    """The processes of ``pids`` still running after waiting up to ``seconds`` for them to end."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_running(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _running(p)]
+
+
+def _descendants(pid: int) -> set[int]:
+    found, frontier = set(), {pid}
+    while frontier:
+        children = set().union(*(_children(p) for p in frontier if _running(p)))
+        frontier = children - found
+        found |= children
+    return found
+
+
+def _wait_for_steps(proc, metrics: Path, count: int, seconds: float = 300) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= count):
+        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
+def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig):
+    import signal
+
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.max_steps=5000",
+        "train.log_every=1",
+        "data.num_workers=1",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for_steps(proc, run_dir / "metrics.jsonl", 3)
+        os.killpg(proc.pid, getattr(signal, sig))  # the whole process group, as a terminal's Ctrl-C or hangup does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 75, err[-2000:]
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("ladder-train")]
+    assert line.startswith("ladder-train: preempted: stopped by a signal after step")
+    step = int(line.split("after step ")[1].split(";")[0])
+    assert (run_dir / "checkpoints" / f"step-{step}" / "COMPLETE").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_kill_9_of_torchrun_ends_every_rank_and_worker_and_the_run_resumes(tmp_path):
+    import signal
+
+    run_dir = tmp_path / "run"
+    base = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        "train.log_every=1",
+        "data.num_workers=1",
+        "checkpoint.every=5",
+    ]
+    proc = subprocess.Popen(
+        [*base, "train.max_steps=5000"],
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    run = set()
+    try:
+        _wait_for_steps(proc, run_dir / "metrics.jsonl", 7)
+        run = _descendants(proc.pid)  # two ranks and their loader workers
+        assert len(run) >= 4, run
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert not _survivors(run, seconds=10), "processes of the run outlived torchrun"
+    finally:
+        for pid in [proc.pid, *run]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+    saved = max(
+        int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*") if (p / "COMPLETE").is_file()
+    )
+    done = subprocess.run(
+        [*base, f"train.max_steps={saved + 2}"],
+        env={**os.environ, **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resuming from {run_dir / 'checkpoints' / f'step-{saved}'} at step {saved}" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_run_refused_as_bad_input_leaves_no_run_folder(tmp_path):
+    run_dir = tmp_path / "new_run"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ladder_train.train",
+        "--config",
+        str(REPO / "recipes/smoke.yaml"),
+        f"run.dir={run_dir}",
+        f"data.source={tmp_path / 'missing'}",
+    ]
+    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("ladder-train: error: ")
+    assert str(tmp_path / "missing") in done.stderr
+    assert not run_dir.exists()  # neither run.lock nor config.yaml stays behind
