@@ -283,3 +283,30 @@ def test_an_out_path_that_cannot_be_written_is_refused_before_any_rank_runs(tmp_
     assert bench_main(["--model", "tiny", "--out", str(tmp_path / "file.txt" / "bench.jsonl")]) == 2
     assert "file.txt/bench.jsonl: not a file path whose folders can be made" in capsys.readouterr().err
     assert bench_main(["--model", "tiny", "--out", str(tmp_path)]) == 2
+
+
+def test_the_closing_lines_quote_the_module_times_of_the_smallest_batch_they_name(capsys):
+    from ladder_train.bench.results import print_table
+
+    def row(layout, batch, attention, mlp):
+        return dict(
+            model="tiny",
+            layout=layout,
+            batch=batch,
+            prefill_ms=1.0,
+            decode_ms_per_token=1.0,
+            tokens_per_s=1.0,
+            module_ms={"attention": attention, "mlp": mlp},
+        )
+
+    rows = [row("standard", 4, 0.621, 1.414), row("ladder", 1, 0.5, 0.5), row("standard", 1, 0.21, 0.66)]
+    env = dict(
+        emulated_link_latency_ms=1.0, link="emulated", device="cpu", tp=2, backend="gloo", dtype="float32", torch="x"
+    ) | {"compiled": False}
+    print_table(rows, env)
+    out = capsys.readouterr().out
+    assert (
+        "tiny: measured decode compute per module on one rank (layer 0, batch 1): attention 0.210 ms, mlp 0.660 ms"
+        in out
+    )
+    assert "bounded near 1 + c/X = 1.44x" in out  # 1 + mean(0.21, 0.66) / 1.0

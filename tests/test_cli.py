@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-import torch
+from cli_errors import ENTRIES, assert_bad_input
 from dist_utils import save_training_checkpoint
 
 import ladder_train.cli as cli
@@ -112,16 +112,6 @@ BAD_INPUT = [
     ),
     ("ladder-data", ["info", "{root}/not_a_run"], "{root}/not_a_run: no ladder_tokens.json"),
 ]
-ENTRIES = {
-    "ladder-train": cli.main,
-    "ladder-bench": cli.ladder_bench,
-    "ladder-eval": cli.ladder_eval,
-    "ladder-export": cli.ladder_export,
-    "ladder-report": cli.ladder_report,
-    "ladder-predict": cli.ladder_predict,
-    "ladder-generate": cli.ladder_generate,
-    "ladder-data": cli.ladder_data,
-}
 
 
 def test_the_table_covers_every_installed_console_script():
@@ -133,16 +123,5 @@ def test_the_table_covers_every_installed_console_script():
 
 @pytest.mark.parametrize("prog, argv, named", BAD_INPUT, ids=[f"{p} {' '.join(a)}"[:60] for p, a, _ in BAD_INPUT])
 def test_bad_input_is_exit_2_and_one_line_naming_it(inputs, capsys, monkeypatch, prog, argv, named):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     fill = {key: str(value) for key, value in inputs.items()}
-    argv = [arg.format(**fill) for arg in argv]
-    capsys.readouterr()
-    try:
-        status = ENTRIES[prog](argv)
-    except SystemExit as exited:  # argparse's usage errors
-        status = exited.code
-    out, err = capsys.readouterr()
-    assert status == 2, err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(prog) and ": error: " in lines[0], err
-    assert named.format(**fill) in lines[0]
+    assert_bad_input(prog, [arg.format(**fill) for arg in argv], named.format(**fill), capsys, monkeypatch)

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -301,6 +302,35 @@ def test_cli_evaluates_an_export_and_refuses_a_tokenizer_mismatch(tokenizer, sha
 
     assert eval_main([str(export), "--tasks", "piqa_local"]) == 2  # no tokenizer.json inside, none given
     assert "--tokenizer" in capsys.readouterr().err
+
+
+def test_a_chat_models_eos_is_accepted_and_another_models_tokenizer_refused(shared_dir, tmp_path, capsys):
+    """Scoring reads the tokenizer's ids and its <|endoftext|>, never the model's eos: an end-of-turn eos (as
+    SmolLM2-Instruct's <|im_end|> = 2) scores the same; a tokenizer that is not the model's is still refused."""
+    from ladder_train.evaluation.saved_model import open_saved_model
+
+    tokenizer_file = shared_dir / "tokenizers/starcoder/tokenizer.json"
+
+    def export_with(name: str, eos_token_id, eos_token: str | None = None):
+        token_ids = {"bos_token_id": 0, "eos_token_id": eos_token_id, "pad_token_id": 0}
+        folder = save_export(tiny_model(), tmp_path / name, token_ids=token_ids)
+        shutil.copyfile(tokenizer_file, folder / "tokenizer.json")
+        if eos_token:
+            (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": eos_token}))
+        return folder
+
+    # StarCoder's special <fim_middle> = 2 plays the chat end token; Llama 3.1 lists several ends
+    assert open_saved_model(export_with("chat", 2, "<fim_middle>")).config["eos_token_id"] == 2
+    assert open_saved_model(export_with("several", [0, 2, 3])).config["eos_token_id"] == [0, 2, 3]
+    with pytest.raises(EvalError, match=r"eos_token_id 500, but 500 is 'os' in tokenizer .* not an end token"):
+        open_saved_model(export_with("word", 500))
+    elsewhere = export_with("elsewhere", 2, "<fim_prefix>")
+    with pytest.raises(EvalError, match=r"names '<fim_prefix>', but that token is 1 in it"):
+        open_saved_model(elsewhere)
+    capsys.readouterr()
+    assert eval_main([str(elsewhere), "--tasks", "piqa_local"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("ladder-eval: error: tokenizer mismatch: ")
 
 
 def test_user_task_yaml_from_include_path(tokenizer, tmp_path):

@@ -1,5 +1,5 @@
 """ladder-train models in transformers (ladder_train/hf): every layout's export loads with AutoModelForCausalLM
-(registered by importing ladder_train, or from the folder's own files with trust_remote_code) and computes
+(registered by ladder_train.hf.register(), or from the folder's own files with trust_remote_code) and computes
 ladder-train's logits and greedy tokens; exports carry a model card, generation_config.json and their tokenizer;
 lm-eval's hf backend scores them as ladder-eval does."""
 
@@ -20,12 +20,19 @@ from dist_utils import run_ranks
 from ladder_train.cli import ladder_export
 from ladder_train.config import load_config, save_config
 from ladder_train.data import byte_tokenizer
+from ladder_train.errors import InputError
 from ladder_train.export import export_checkpoint
-from ladder_train.hf import AUTO_MAP, MODEL_FILES
+from ladder_train.hf import AUTO_MAP, MODEL_FILES, register
 from ladder_train.inference.generate import Generator
 from ladder_train.loading import load_model, model_from_checkpoint
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ladder_llama_registered():
+    register()  # AutoModelForCausalLM.from_pretrained(export) without the folder's code
+
 
 TINY = dict(vocab_size=257, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=96, max_seq_len=64)
 LAYOUTS = {
@@ -103,7 +110,59 @@ def test_bad_layout_fields_are_refused_by_the_config_class():
         LadderLlamaConfig(residual="diagonal")
     with pytest.raises(ValueError, match="ladder_layers=3"):
         LadderLlamaConfig(residual="parallel", ladder_layers=3)
+    with pytest.raises(ValueError, match="rms_norm_eps=-1.0: must be a positive number"):
+        LadderLlamaConfig(rms_norm_eps=-1.0)
     assert LadderLlamaConfig(num_hidden_layers=3, ladder_layers=1).layer_layouts() == ["standard"] * 2 + ["ladder"]
+
+
+# config.json values ladder-train's loader refuses (model/shape_checks.py), each changed in a hybrid's export
+BAD_CONFIG_VALUES = [
+    {"rms_norm_eps": -1e-5},
+    {"rms_norm_eps": float("nan")},
+    {"rope_theta": 0},
+    {"initializer_range": -0.02},
+    {"ladder_layers": "2"},
+    {"ladder_layers": 1.5},
+    {"ladder_layers": True},
+    {"ladder_layers": 5},
+    {"ladder_layers": 2, "residual": "parallel"},
+    {"residual": "diagonal"},
+    {"num_hidden_layers": "4"},
+    {"num_hidden_layers": 0},
+    {"vocab_size": 2**24 + 1},
+    {"num_attention_heads": 3},
+    {"num_key_value_heads": 3},
+    {"hidden_size": 60},  # a head dimension of 15: rotary embeddings rotate pairs
+    {"tie_word_embeddings": "yes"},
+    {"max_position_embeddings": 0},
+    {"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 2**23},  # a 2**35-element embedding
+]
+
+
+@pytest.mark.parametrize("bad", BAD_CONFIG_VALUES, ids=json.dumps)
+def test_the_class_refuses_what_ladder_train_refuses_in_the_same_words(bad, tmp_path):
+    """The class an export carries cannot import ladder-train, so it repeats shape_checks: the same verdicts."""
+    export = save_export(tiny("hybrid"), tmp_path / "export")
+    config_path = export / "config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), **bad}))
+    with pytest.raises(InputError) as ours:
+        load_model(export)
+    with pytest.raises(ValueError) as theirs:
+        transformers.AutoConfig.from_pretrained(export)
+    assert str(ours.value) == f"{config_path}: {theirs.value}"
+
+
+def test_a_negative_epsilon_is_refused_instead_of_giving_nan_logits(tmp_path):
+    from ladder_train.hf import configuration_ladder_llama as theirs
+    from ladder_train.model import shape_checks as ours
+
+    limits = ("MAX_SIZE", "MAX_LAYERS", "MAX_TENSOR_ELEMENTS", "MAX_PARAMETERS")
+    assert [getattr(theirs, name) for name in limits] == [getattr(ours, name) for name in limits]
+    export = save_export(tiny("ladder"), tmp_path / "export")
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "rms_norm_eps": -1e-5}))
+    with pytest.raises(ValueError, match=r"^rms_norm_eps=-1e-05: must be a positive number$"):
+        transformers.AutoModelForCausalLM.from_pretrained(export)
 
 
 @pytest.mark.slow
@@ -144,16 +203,25 @@ def test_the_export_loads_with_trust_remote_code_where_ladder_train_cannot_be_im
 
 
 @pytest.mark.slow
-def test_importing_ladder_train_first_registers_the_class_once_transformers_is_imported():
+def test_register_makes_auto_classes_read_ladder_llama_and_importing_ladder_train_changes_nothing():
     script = (
-        "import sys, ladder_train\n"
+        "import sys\n"
+        "finders = list(sys.meta_path)\n"
+        "import ladder_train, ladder_train.hf\n"
         "assert 'transformers' not in sys.modules, 'ladder_train imported transformers itself'\n"
+        "assert sys.meta_path == finders, 'importing ladder_train changed the import machinery'\n"
         "from transformers import AutoConfig\n"
+        "try:\n"
+        "    AutoConfig.for_model('ladder_llama')\n"
+        "    print('known before register()')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "ladder_train.hf.register()\n"
         "print(type(AutoConfig.for_model('ladder_llama', num_hidden_layers=2)).__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "LadderLlamaConfig"
+    assert out.stdout.split() == ["LadderLlamaConfig"]
 
 
 # the real pretrained model: SmolLM2 converted to a 15-layer hybrid ---------------------------------------------
@@ -195,6 +263,53 @@ def test_a_hub_ready_folder_from_an_hf_source_keeps_its_tokens_licence_and_eos(s
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     answer = hf_model.generate(**prompt, max_new_tokens=12, do_sample=False)[0, prompt["input_ids"].shape[1] :]
     assert "Paris" in tokenizer.decode(answer) and answer[-1].item() == 2  # stopped at its eos, as ladder-generate
+
+
+@pytest.mark.slow
+def test_ladder_eval_scores_a_smollm2_hybrid_export_as_lm_eval_hf_does(smollm2, shared_dir, tmp_path, capsys):
+    """SmolLM2-Instruct's eos is its chat end <|im_end|> = 2, its document separator <|endoftext|> = 0: ladder-eval
+    scores the export all the same, with lm-eval hf's accuracy, and still refuses a tokenizer of another model."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from ladder_train.cli import ladder_eval
+    from ladder_train.data import load_tokenizer
+    from ladder_train.evaluation.adapter import LadderLM
+    from ladder_train.evaluation.harness import _simple_evaluate
+    from ladder_train.evaluation.results import summarize
+
+    source = load_model(smollm2)
+    hybrid = Transformer(dataclasses.replace(source.args, residual="ladder", ladder_layers=15)).eval()
+    hybrid.load_state_dict(source.state_dict())
+    staged = save_export(hybrid, tmp_path / "staged", torch.bfloat16)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (staged / name).write_bytes((smollm2 / name).read_bytes())
+    export = tmp_path / "export"
+    assert ladder_export([str(staged), str(export), "--dtype", "bf16"]) == 0
+    assert json.loads((export / "config.json").read_text())["eos_token_id"] == 2
+
+    task, limit, local = "arc_easy_local", 6, str(shared_dir / "eval")
+    argv = [str(export), "--tasks", task, "--local-data", local, "--limit", str(limit), "--device", "cpu"]
+    assert ladder_eval([*argv, "--out", str(tmp_path / "ours.json")]) == 0
+    ours = json.loads((tmp_path / "ours.json").read_text())["summary"][task]
+    hf = HFLM(pretrained=str(export), dtype="float32", device="cpu", batch_size=8)
+    assert type(hf.model).__name__ == "LadderLlamaForCausalLM" and hf.eot_token_id == 2
+    theirs = summarize(_simple_evaluate(hf, [task], None, local, limit, 0)["results"])[task]
+    assert (ours["acc"], ours["acc_norm"]) == (theirs["acc"], theirs["acc_norm"])
+    # beneath the accuracy: the same log-likelihood of each (context, continuation)
+    pairs = [("The capital of France is", " Paris"), ("Water boils at", " 100 degrees"), ("A ladder has", " rungs")]
+    requests = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    ladder_lm = LadderLM(load_model(export), load_tokenizer(str(export / "tokenizer.json")))
+    for (ours_ll, ours_greedy), (their_ll, their_greedy) in zip(
+        ladder_lm.loglikelihood(requests), hf.loglikelihood(requests), strict=True
+    ):
+        assert ours_ll == pytest.approx(their_ll, rel=1e-4) and ours_greedy == their_greedy
+
+    starcoder = str(shared_dir / "tokenizers" / "starcoder" / "tokenizer.json")  # the same 49,152 entries
+    capsys.readouterr()
+    assert ladder_eval([*argv, "--tokenizer", starcoder]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "'<|im_end|>'" in line and "tokenizer mismatch" in line
 
 
 # a training checkpoint's export: card, generation config, tokenizer, and a round trip through a hybrid run ------

@@ -16,7 +16,9 @@ from fabricate import fabricate_run
 
 from ladder_train.cli import main as cli_main
 from ladder_train.config import ConfigError
-from ladder_train.study.grid import grid, split_values
+from ladder_train.errors import Preempted
+from ladder_train.study import runner
+from ladder_train.study.grid import NAME_BYTES, folder_name, grid, split_values
 from ladder_train.study.stats import best_rate, holm, paired_difference, pairs_for_power, power
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,6 +64,28 @@ def test_the_grid_is_the_product_first_key_outermost_and_names_each_point_by_its
 def test_bad_sweeps_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         grid(overrides)
+
+
+def test_a_point_whose_settings_cannot_be_a_folder_name_gets_a_readable_name_and_a_hash_of_its_settings():
+    # two sources that read the same with "/" as "_" (they once shared a folder and one reused the other's run)
+    first, second = grid(["data.source=A/a/b,A/a_b", "run.seed=0", "run.dir=runs/s"])
+    assert first.name == "data.source=A_a_b,run.seed=0~8c0a46d5"  # stable: studies resume by folder name
+    assert second.name == "data.source=A_a_b,run.seed=0~21359bbb"
+    # settings that can be a name as written keep it: the folders of existing studies are found again
+    assert grid(["data.source=A_a_b", "run.seed=0"])[0].name == "data.source=A_a_b,run.seed=0"
+    assert folder_name(("model.residual=standard", "train.optimizer.lr=4e-3", "run.seed=0")) == (
+        "model.residual=standard,train.optimizer.lr=4e-3,run.seed=0"
+    )
+    assert folder_name(("a=x\ny",)) != folder_name(("a=x_y",))  # a control character is replaced too
+
+
+def test_a_point_name_longer_than_a_file_name_may_be_is_cut_and_keeps_its_hash():
+    fits = "x=" + "a" * (NAME_BYTES - 2)
+    assert folder_name((fits,)) == fits
+    long_ascii, long_utf8 = folder_name((fits + "a",)), folder_name(("data.source=" + "é" * 300,))
+    assert len(long_ascii.encode()) == len(long_utf8.encode()) == NAME_BYTES
+    assert long_ascii.startswith("x=aaa") and long_utf8.startswith("data.source=ééé")  # no "é" is cut in half
+    assert folder_name(("x=" + "a" * 300,)) != folder_name(("x=" + "a" * 301,))
 
 
 def test_dry_run_lists_the_points_their_state_and_the_array_line(tmp_path, capsys):
@@ -143,6 +167,83 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path):
     assert "resuming from" in done.stdout
     assert (first / "metrics.jsonl").read_text() == finished_metrics  # not trained again
     assert json.loads((second / "summary.json").read_text())["step"] == 40
+
+
+class _TrainerStandIn:
+    """A trainer that runs until the study passes a stop on: ``sig`` reaches the study while it waits for this
+    trainer; then it exits 75 (it saved a checkpoint) or, ``finishing``, 0 with its run finished."""
+
+    def __init__(self, sig: signal.Signals, run_dir: Path, finishing: bool):
+        self.sig, self.run_dir, self.finishing = sig, run_dir, finishing
+        self.received: list[int] = []
+        self.returncode = None
+
+    def wait(self, timeout=None):
+        if not self.received:
+            os.kill(os.getpid(), self.sig)  # its handler runs in this thread before the next line
+            assert self.received, "the study should have passed the stop to its trainer"
+        if self.finishing:
+            (self.run_dir / "summary.json").write_text('{"finished": true}')
+        self.returncode = 0 if self.finishing else 75
+        return self.returncode
+
+    def poll(self):
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        self.received.append(sig)
+
+
+@pytest.mark.parametrize("finishing", [False, True], ids=["saves-and-stops", "finishes-its-point"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_study_stops_its_trainer_and_no_further_point_starts(tmp_path, monkeypatch, sig, finishing):
+    study = runner.Study(SMOKE, ["model.residual=standard,ladder", f"run.dir={tmp_path / 's'}"])
+    first, second = (point.run_dir(study.dir) for point in study.points)
+    trainers = []
+
+    def start(cmd, log, env):
+        trainers.append(_TrainerStandIn(sig, first, finishing))
+        return trainers[-1]
+
+    monkeypatch.setattr(runner, "_start_trainer", start)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(Preempted, match=f"{sig.name}"):
+        study.run_all()
+    # SIGTERM, not SIGINT: a trainer that already has the terminal's Ctrl-C would take a second SIGINT as "stop now"
+    assert len(trainers) == 1 and trainers[0].received == [signal.SIGTERM]
+    assert not second.exists()
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the child's death signal is Linux's prctl")
+def test_sigint_to_the_study_process_saves_its_trainer_and_exits_75(tmp_path):
+    study = tmp_path / "s"
+    first = study / "model.residual=standard,train.max_steps=400,train.log_every=1"
+    cmd = [*_study_cmd(study)[:6], "model.residual=standard,ladder", "train.max_steps=400", "train.log_every=1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "study.err", "w") as err:
+        proc = subprocess.Popen([*cmd, f"run.dir={study}"], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.time() + 300  # generous: a loaded 2-core machine
+        while "step      1 |" not in _text(first / "train.log") and time.time() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # to the study's pid only, not its process group
+        assert proc.wait(timeout=120) == 75, (tmp_path / "study.err").read_text()[-2000:]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not _study_processes(study)  # the study waited for its trainer
+    assert "stopped by SIGINT" in (tmp_path / "study.err").read_text()
+    assert list((first / "checkpoints").glob("step-*")) and not (first / "summary.json").exists()
+    assert [p.name for p in study.iterdir()] == [first.name]  # the second point never started
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _study_processes(study: Path) -> list[str]:

@@ -19,7 +19,14 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from .files import checkpoint_failure, first_line, refused_global, verify_checkpoint, weights_only_reason
+from .integrity import (
+    checkpoint_failure,
+    first_line,
+    refused_global,
+    step_number,
+    verify_checkpoint,
+    weights_only_reason,
+)
 
 # writing ----------------------------------------------------------------------------------------------------
 
@@ -200,6 +207,26 @@ def read_trainer_state(path: Path) -> dict:
     state = {"trainer": io.BytesIO()}
     load_dcp(state, path, no_dist=True)  # each rank reads the one small entry itself, on purpose
     try:
-        return unpack(state["trainer"])
+        entry = unpack(state["trainer"])
     except Exception as err:
         raise checkpoint_failure(path, describe(err, "the trainer entry")) from None
+    check_trainer_counters(path, entry)
+    return entry
+
+
+def check_trainer_counters(path: Path, entry) -> None:
+    """The counters a resume continues from and an export reports: whole numbers >= 0, and the step the folder's
+    name says (``step-N``). A hand-made entry would otherwise train from step -6 or end at once."""
+    if not isinstance(entry, dict):
+        raise checkpoint_failure(path, f"the trainer entry is a {type(entry).__name__}, not a mapping")
+    for key in ("step", "tokens_seen", "world_size"):
+        if key not in entry:
+            continue
+        value = entry[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "world_size" else 0):
+            raise checkpoint_failure(path, f"the trainer entry's {key} is {value!r}, not a whole number in range")
+    numbered = step_number(path)
+    if "step" in entry and numbered is not None and entry["step"] != numbered:
+        raise checkpoint_failure(
+            path, f"the trainer entry's step is {entry['step']}, but the folder is step-{numbered}"
+        )

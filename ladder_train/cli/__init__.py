@@ -11,10 +11,13 @@ Exit status, the same for every command: 0 done; 1 the work failed (a damaged ch
 run.dir in use by another trainer: ``errors.RunFailed``); 2 bad input, nothing done (a flag, config key,
 recipe, data source, tokenizer or model folder: ``errors.InputError``; argparse's own usage errors are 2 too);
 75 preempted with a checkpoint saved (the Slurm script requeues on it). Errors print as ``PROG: error: ...``.
+An ``OSError`` from the file system (no space, a name too long, a read-only folder, a symlink loop) is one line too,
+naming the path: 1 when space or the device ran out while working, 2 otherwise (a path that cannot be used).
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 from collections.abc import Callable
@@ -34,6 +37,44 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: lis
         if not getattr(err, "quiet", False):  # e.g. a lock refusal is printed by rank 0 only
             print(f"{prog}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT if isinstance(err, InputError) else EXIT_FAILED
+    except OSError as err:
+        if err.errno not in PATH_ERRORS:
+            raise
+        print(f"{prog}: error: {describe_os_error(err)}", file=sys.stderr)
+        return EXIT_FAILED if err.errno in OUT_OF_SPACE else EXIT_BAD_INPUT
+
+
+# the file-system errors a user fixes (the path, the space): one line; any other OSError keeps its traceback
+OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT}
+PATH_ERRORS = OUT_OF_SPACE | {
+    errno.ENAMETOOLONG,
+    errno.EROFS,
+    errno.EACCES,
+    errno.EPERM,
+    errno.ELOOP,
+    errno.EISDIR,
+    errno.ENOTDIR,
+    errno.ENOENT,
+    errno.EEXIST,
+}
+_WHAT_TO_DO = {
+    errno.ENOSPC: "free space there or choose another folder (a run resumes from its last complete checkpoint)",
+    errno.EDQUOT: "the disk quota is used up: free space there or choose another folder",
+    errno.ENAMETOOLONG: "use shorter folder or file names (most file systems allow 255 bytes per name)",
+    errno.EROFS: "the file system is read-only: choose a writable folder",
+    errno.EACCES: "no permission: choose a folder you can write, or change its permissions",
+    errno.EPERM: "not permitted: choose a folder you can write",
+    errno.ELOOP: "a symbolic link points back into itself: fix or remove it",
+}
+
+
+def describe_os_error(err: OSError) -> str:
+    """``PATH: reason (what to do)``, one line."""
+    where = " -> ".join(str(name) for name in (err.filename, err.filename2) if name is not None)
+    reason = err.strerror or str(err)
+    advice = _WHAT_TO_DO.get(err.errno)
+    text = f"{where}: {reason}" if where else reason
+    return f"{text} ({advice})" if advice else text
 
 
 def _train_command(argv: list[str]) -> int:

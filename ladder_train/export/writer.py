@@ -2,7 +2,11 @@
 (``export_folder``) to ``model.safetensors`` + ``config.json`` (Hugging Face Llama names; see model/hf_format.py),
 with the tokenizer, ``generation_config.json`` (the bos/eos generation stops at, as ladder-generate does), for a
 parallel or ladder model the transformers classes its ``auto_map`` names, and a model card (``README.md``).
-``ladder-export`` (cli/export.py) and the trainer's ``eval.mode=slurm`` call them."""
+``ladder-export`` (cli/export.py) and the trainer's ``eval.mode=slurm`` call them.
+
+Writing into a folder replaces an earlier export's files there (``EXPORT_FILES``) and leaves everything else;
+ladder-export refuses a non-empty folder unless ``--overwrite``. Every file, the weights included, gets the mode
+the umask gives (readable by a cluster's other users under the usual umask 022)."""
 
 from __future__ import annotations
 
@@ -13,21 +17,38 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import read_trainer_state
+from ..checkpoint import complete_checkpoints, read_trainer_state
+from ..checkpoint.integrity import step_number
 from ..config import load_config
 from ..data import DataError, load_tokenizer, run_tokenizer_config_folder, stop_tokens
 from ..dtypes import DTYPES
+from ..errors import InputError
 from ..folders import (
+    COMPLETE_MARKER,
+    CONFIG_JSON,
     GENERATION_CONFIG,
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
+    folder_kind,
     read_optional_json,
     run_config_path,
     token_text,
 )
+from ..hf import MODEL_FILES
 from ..loading import load_model, model_from_checkpoint
-from ..model.hf_format import DEFAULT_TOKEN_IDS, save_export
-from .model_card import DEFAULT_LICENSE, CardFacts, source_license, write_model_card
+from ..model.hf_format import DEFAULT_TOKEN_IDS, INDEX_FILE, WEIGHTS_FILE, os_error_of, save_export
+from .model_card import CARD_FILE, DEFAULT_LICENSE, CardFacts, source_license, write_model_card
+
+# every file an export writes: what --overwrite replaces in an existing folder, and nothing else
+EXPORT_FILES = (
+    WEIGHTS_FILE,
+    CONFIG_JSON,
+    TOKENIZER_FILE,
+    TOKENIZER_CONFIG,
+    GENERATION_CONFIG,
+    CARD_FILE,
+    *MODEL_FILES,
+)
 
 
 def export_checkpoint(
@@ -39,7 +60,7 @@ def export_checkpoint(
     model = model_from_checkpoint(checkpoint)
     run_config = run_config_path(checkpoint)
     cfg = load_config(run_config) if run_config.is_file() else None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    clear_previous_export(out_dir, checkpoint)
     tokenizer = _write_run_tokenizer(cfg, out_dir) if cfg else None
     if cfg is None:
         print(
@@ -56,7 +77,7 @@ def export_folder(source: Path, out_dir: Path, dtype: torch.dtype = torch.float3
     re-saved in ``dtype``, its tokenizer files and bos/eos carried over, its licence kept unless one is given."""
     source, out_dir = Path(source), Path(out_dir)
     model = load_model(source)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    clear_previous_export(out_dir, source)
     for name in (TOKENIZER_FILE, TOKENIZER_CONFIG, GENERATION_CONFIG):
         if (source / name).is_file():
             shutil.copyfile(source / name, out_dir / name)
@@ -70,6 +91,65 @@ def export_folder(source: Path, out_dir: Path, dtype: torch.dtype = torch.float3
         base_model=str(source),
     )
     return _finish(model, out_dir, dtype, tokenizer, facts)
+
+
+def source_kind(source: Path) -> str:
+    """``"export"`` or ``"checkpoint"``: what ``source`` is, as load_model reads it (an explicit folder, never a
+    guess). Anything else is an InputError saying what to give instead; a run folder (or its checkpoints/) names
+    its checkpoints, the newest complete first, rather than exporting one the user did not name."""
+    kind = folder_kind(source)
+    if kind in ("export", "checkpoint"):
+        return kind
+    if kind == "incomplete checkpoint":
+        newest = complete_checkpoints(source.parent, warn=False)
+        beside = f"; the newest complete one beside it is {newest[-1]}" if newest else ""
+        raise InputError(
+            f"{source}: not a complete checkpoint (no {COMPLETE_MARKER} marker: its save never finished){beside}"
+        )
+    folder = source / "checkpoints" if (source / "checkpoints").is_dir() else source
+    steps = [path for path in folder.iterdir() if path.is_dir() and step_number(path) is not None]
+    if not steps:
+        raise InputError(
+            f"{source}: neither a training checkpoint (RUN_DIR/checkpoints/step-N) nor a Hugging Face format folder "
+            f"({CONFIG_JSON} + {WEIGHTS_FILE} or {INDEX_FILE})"
+        )
+    complete = complete_checkpoints(folder, warn=False)
+    names = ", ".join(p.name for p in complete[-3:][::-1]) + (
+        f" and {len(complete) - 3} older" if len(complete) > 3 else ""
+    )
+    incomplete = len(steps) - len(complete)
+    found = f"complete: {names or 'none'}" + (f"; {incomplete} incomplete" if incomplete else "")
+    advice = f"export one of its checkpoints, e.g. {complete[-1]}" if complete else "it has no complete checkpoint"
+    raise InputError(f"{source}: a run's folder, not a checkpoint: {advice} ({found})")
+
+
+def overwrite_obstacle(out_dir: Path) -> str | None:
+    """What in ``out_dir`` an export cannot replace or would leave wrong, or None: something other than a file
+    where an export file goes, or a shard index (loaders read the shards it lists, not the new weights)."""
+    for name in EXPORT_FILES:
+        path = out_dir / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            what = "symbolic link" if path.is_symlink() else "folder" if path.is_dir() else "special file"
+            return f"{path}: a {what} is where the export writes its {name}; move it away (only files are replaced)"
+    if (out_dir / INDEX_FILE).exists():
+        return (
+            f"{out_dir / INDEX_FILE}: a sharded model's index, which loaders would read instead of the export's "
+            f"{WEIGHTS_FILE}; remove it and its shards, or export elsewhere"
+        )
+    return None
+
+
+def clear_previous_export(out_dir: Path, source: Path) -> None:
+    """Make ``out_dir`` ready for an export's files: created if need be, and an earlier export's files removed, so
+    none of them (a tokenizer, a generation config) mixes into this one. Anything else in it stays."""
+    if out_dir.resolve() == source.resolve():
+        raise InputError(f"{out_dir}: the export cannot replace its own source; write it elsewhere")
+    problem = overwrite_obstacle(out_dir) if out_dir.is_dir() else None
+    if problem:
+        raise InputError(problem)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in EXPORT_FILES:
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _finish(model, out_dir: Path, dtype: torch.dtype, tokenizer, facts: CardFacts) -> Path:
@@ -116,7 +196,10 @@ def _write_run_tokenizer(cfg, out_dir: Path):
     except DataError as err:
         print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
         return None
-    tokenizer.save(str(out_dir / TOKENIZER_FILE))
+    try:
+        tokenizer.save(str(out_dir / TOKENIZER_FILE))
+    except Exception as err:  # the tokenizers library's own error, which names its OS error only in its text
+        raise os_error_of(err, out_dir / TOKENIZER_FILE) from None
     folder = run_tokenizer_config_folder(cfg.data)
     if folder is not None:  # a model adapted from a pretrained folder keeps its chat format and eos
         shutil.copyfile(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)

@@ -13,6 +13,7 @@ Parallel and ladder exports compute a different function from the same weights, 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -23,8 +24,8 @@ from ..errors import InputError
 from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
 from ..hf import AUTO_MAP, model_file_paths
 from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE
+from .shape_checks import check_model_fields, read_json_object
 from .transformer import ROPE_SCALING_KEYS, ModelArgs, Transformer, build_on_meta
-from .validate import check_model_fields, read_json_object
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file
@@ -243,14 +244,44 @@ def save_export(
 ) -> Path:
     """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model, and for a parallel
     or ladder model the transformers files its ``auto_map`` names. A tied head is stored once, as the embedding."""
-    from safetensors.torch import save_file
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, out / WEIGHTS_FILE, metadata={"format": "pt"})
+    save_weights(tensors, out / WEIGHTS_FILE)
     (out / "config.json").write_text(json.dumps(hf_config(model.args, dtype, token_ids), indent=2) + "\n")
     if not is_llama(model.args):
         for file in model_file_paths():
             shutil.copyfile(file, out / file.name)
     return out
+
+
+def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' ``save_file``, but the file's mode follows the umask like every other file of the folder
+    (safetensors writes a private 0600 temporary file and renames it: a cluster's other users could not read it),
+    and an OS failure (a folder in the way, no permission, no space) is raised as the OSError it is."""
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except Exception as err:  # safetensors' SafetensorError
+        raise os_error_of(err, path) from None
+    path.chmod(0o666 & ~_umask())
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_of(err: Exception, path: Path) -> Exception:
+    """The OSError that a Rust library's error (safetensors, tokenizers) names only in its text, "... (os error
+    21)", naming ``path``, so the console scripts report it in one line; any other error as it is."""
+    match = None if isinstance(err, OSError) else _OS_ERROR.search(str(err))
+    if match is None:
+        return err
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code), str(path))
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: restored at once
+    os.umask(mask)
+    return mask

@@ -1,6 +1,10 @@
 """Running a study's points: one after another on this machine (a finished run is skipped, a cut-off one resumes
 from its newest checkpoint), or one point per Slurm array task (``slurm/study.sh`` asks ``--point I`` for the
-overrides of its point). Every point's config is checked before the first run starts."""
+overrides of its point). Every point's config is checked before the first run starts.
+
+A study stops as a trainer does: SIGINT, SIGTERM, SIGUSR1 or SIGHUP to the study's pid asks its running trainer to
+save a checkpoint and stop (SIGTERM to the trainer), starts no further point, and exits with the trainer's status
+(75 once the checkpoint is saved). A killed study's trainer gets SIGTERM from the kernel (``end_with_parent``)."""
 
 from __future__ import annotations
 
@@ -15,8 +19,8 @@ import sys
 from pathlib import Path
 
 from ..config import load_config
-from ..errors import Preempted, RunFailed
-from ..lifetime import end_with_parent
+from ..errors import InputError, Preempted, RunFailed
+from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .grid import Point, fixed_overrides, grid
 
 FINISHED_FILE = "summary.json"  # the trainer writes it when a run reaches its last step
@@ -61,12 +65,19 @@ class Study:
 
     def point(self, index: int) -> Point:
         if not 0 <= index < len(self.points):
-            raise RunFailed(f"study {self.dir}: point {index} does not exist (0..{len(self.points) - 1})")
+            raise InputError(
+                f"--point {index}: study {self.dir} has {len(self.points)} points, numbered 0..{len(self.points) - 1}"
+            )
         return self.points[index]
 
     def collect(self, dest: Path) -> list[Path]:
         """Copy each finished point's small results (RESULT_FILES and eval/*.json) to ``dest``/<point>/; points
         still running are left out. Returns the folders written."""
+        # inside the study the copies would land on (or among) the files they are copied from
+        if Path(dest).resolve().is_relative_to(self.dir.resolve()):
+            raise InputError(
+                f"--collect {dest}: it is inside the study's folder {self.dir}; choose a folder outside it"
+            )
         written = []
         for point in self.points:
             run_dir = point.run_dir(self.dir)
@@ -84,15 +95,27 @@ class Study:
         return written
 
     def run_all(self) -> None:
-        for point in self.points:
-            run_dir = point.run_dir(self.dir)
-            if finished(run_dir):
-                print(f"study: [{point.index}] {point.name}: finished, skipped", flush=True)
-                continue
-            print(f"study: [{point.index}] {point.name}: {status(run_dir)}", flush=True)
-            self._run_point(point)
+        """Run the unfinished points in order, until one fails or a signal stops the study (module docstring)."""
+        stop = _StopRequest()
+        previous = {sig: signal.signal(sig, stop.receive) for sig in PREEMPTION_SIGNALS}
+        try:
+            for point in self.points:
+                run_dir = point.run_dir(self.dir)
+                if finished(run_dir):
+                    print(f"study: [{point.index}] {point.name}: finished, skipped", flush=True)
+                    continue
+                if stop.signal is not None:
+                    raise Preempted(
+                        f"stopped by {stop.signal.name} before point {point.index} ({point.name}); "
+                        "run the study again to go on"
+                    )
+                print(f"study: [{point.index}] {point.name}: {status(run_dir)}", flush=True)
+                self._run_point(point, stop)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
-    def _run_point(self, point: Point) -> None:
+    def _run_point(self, point: Point, stop: _StopRequest) -> None:
         run_dir = point.run_dir(self.dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "ladder_train.train", "--config", self.recipe, *point.run_overrides(self.dir)]
@@ -103,28 +126,74 @@ class Study:
         log_path = run_dir / "train.log"
         with open(log_path, "a") as log, open(log_path) as echo:
             echo.seek(0, os.SEEK_END)
-            child = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                preexec_fn=functools.partial(end_with_parent, os.getpid(), signal.SIGTERM),
-            )
+            child = _start_trainer(cmd, log, env)
+            stop.attach(child)
             code = None
-            while code is None:
-                try:
-                    code = child.wait(timeout=0.5)
-                except subprocess.TimeoutExpired:
-                    pass
-                except KeyboardInterrupt:  # Ctrl-C reached the trainer too (one process group): let it save
-                    code = child.wait()
-                sys.stdout.write(echo.read())
-                sys.stdout.flush()
-        if code == 75 or code == -signal.SIGTERM:
+            try:
+                while code is None:
+                    try:
+                        code = child.wait(timeout=0.5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                    sys.stdout.write(echo.read())
+                    sys.stdout.flush()
+            finally:
+                stop.detach()  # the trainer has ended, or the study is failing and waits for it to save and stop
+        if code == 75 or code == -signal.SIGTERM:  # -SIGTERM: stopped before its training loop began
+            cause = f" by {stop.signal.name}" if stop.signal is not None else ""
             raise Preempted(
-                f"point {point.index} ({point.name}) stopped with a checkpoint; run the study again to go on"
+                f"point {point.index} ({point.name}) stopped{cause}; run the study again to go on "
+                "(it resumes from its newest checkpoint)"
             )
         if code != 0 or not finished(run_dir):
             raise RunFailed(
                 f"point {point.index} ({point.name}) failed with exit status {code}; its log: {run_dir}/train.log"
             )
+
+
+def _start_trainer(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
+    """The trainer, writing to ``log``; the kernel sends it SIGTERM if the study dies (even by SIGKILL)."""
+    return subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        preexec_fn=functools.partial(end_with_parent, os.getpid(), signal.SIGTERM),
+    )
+
+
+class _StopRequest:
+    """The study's handler of the preemption signals: it remembers the first and passes it on to the running trainer
+    once, as SIGTERM. Not the signal itself: after a Ctrl-C at the terminal, which reaches the trainer directly too, a
+    second SIGINT would tell the trainer to stop without saving."""
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+        self._child: subprocess.Popen | None = None
+        self._passed_on = False
+
+    def receive(self, signum: int, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum)
+        self._pass_on()
+
+    def attach(self, child: subprocess.Popen) -> None:
+        """The trainer just started; a signal that came while it was starting is passed on now."""
+        self._child, self._passed_on = child, False
+        self._pass_on()
+
+    def detach(self) -> None:
+        """Forget the trainer once it has ended; one still running (the study is failing) is stopped first, so that
+        no trainer outlives its study."""
+        child = self._child
+        if child is not None and child.poll() is None:
+            if not self._passed_on:
+                self._passed_on = True
+                child.send_signal(signal.SIGTERM)
+            child.wait()
+        self._child = None
+
+    def _pass_on(self) -> None:
+        if self.signal is not None and self._child is not None and not self._passed_on:
+            self._passed_on = True
+            self._child.send_signal(signal.SIGTERM)

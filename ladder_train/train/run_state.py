@@ -5,15 +5,17 @@ state (``state_dict`` / ``load_state_dict``); the entries keep the flat keys old
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.optim.lr_scheduler import LRScheduler
 
+from ..config import ConfigError
 from ..data import MicroBatchLoader
 from ..model import ModelArgs
-from ..parallel import Dist
+from ..parallel import RankEnv
 from .chat_steps import EmptyBatches
 from .optim import apply_schedule
 from .stability import StabilityGuard
@@ -29,7 +31,8 @@ class RunState:
     scheduler: LRScheduler
     loader: MicroBatchLoader
     model_args: ModelArgs
-    env: Dist
+    env: RankEnv
+    schedule_steps: int  # this run's schedule length (train.schedule.total_steps or total_tokens, in steps)
 
     def trainer_entry(self) -> dict:
         """Saved once: every part whose state is the same on every rank, and the model's shape."""
@@ -58,18 +61,33 @@ class RunState:
         self.guard.load_state_dict(trainer_entry)
         self.empty_batches.load_state_dict(trainer_entry)
         self.scheduler.load_state_dict(trainer_entry["scheduler"])
+        saved_lr = self.scheduler.get_last_lr()[0]
         apply_schedule(self.scheduler)  # this run's schedule from the restored step on (a longer total_steps)
+        schedule_note = self._check_schedule(trainer_entry["step"], saved_lr, self.scheduler.get_last_lr()[0])
         self.loader.load_global_state(trainer_entry.get("data"))
         if rank_entry is not None:
             torch.set_rng_state(rank_entry["rng_cpu"])
             if "rng_cuda" in rank_entry and self.env.device.type == "cuda":
                 torch.cuda.set_rng_state(rank_entry["rng_cuda"], self.env.device)
             self.loader.load_state_dict(rank_entry.get("data"))
-            return ""
+            return schedule_note
         self.loader.load_state_dict(None)
         # a position kept per rank starts again from the beginning, and the recorded batch numbers lose their batches
         restarted = self.guard.data_restarted() if self.loader.global_state() is None else ""
-        return (
+        return schedule_note + (
             f"; saved with {trainer_entry['world_size']} processes, now {self.env.world_size}: weights and optimizer "
             f"resharded, {self.loader.describe()}{restarted}"
         )
+
+    def _check_schedule(self, step: int, saved_lr: float, lr: float) -> str:
+        """A schedule changed on resume is said (a longer total_steps is the usual reason); one that ended before
+        the restored step is refused: the rate would fall to its floor at once."""
+        if math.isclose(lr, saved_lr, rel_tol=1e-6):
+            return ""
+        if step >= self.schedule_steps:
+            raise ConfigError(
+                f"key 'train.schedule.total_steps': this run's schedule ends at step {self.schedule_steps}, before the "
+                f"checkpoint's step {step}, so the learning rate would drop from {saved_lr:.3g} to {lr:.3g} at once; "
+                f"give a schedule longer than {step} steps"
+            )
+        return f"; learning rate {saved_lr:.3g} -> {lr:.3g} (this run's schedule at step {step})"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import TrainConfig
-from ..errors import RunFailed
+from ..errors import InputError, RunFailed
 
 SKIP_FILE = "skip_batches.json"  # in RUN_DIR: {"batches": [global batch numbers, 1-based], "spikes": [...]}
 MIN_RELATIVE_STD = 0.01  # the z-score's standard deviation is at least 1 % of the window's mean
@@ -199,10 +199,35 @@ class StabilityGuard:
 
 
 def read_skip_file(run_dir: Path) -> dict:
+    """RUN_DIR/skip_batches.json, checked: a user may edit it, and a batch number that is not one would be
+    trained on without a word."""
     path = run_dir / SKIP_FILE
     if not path.is_file():
         return {"batches": [], "spikes": []}
-    return json.loads(path.read_text())
+    try:
+        recorded = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InputError(f"{path}: not valid JSON ({err}); expected {SKIP_FILE_SHAPE}") from None
+    if not isinstance(recorded, dict) or "batches" not in recorded:
+        raise InputError(f"{path}: expected {SKIP_FILE_SHAPE}, got {_short(recorded)}")
+    batches, spikes = recorded["batches"], recorded.setdefault("spikes", [])
+    if not isinstance(batches, list) or not all(_is_batch_number(b) for b in batches):
+        raise InputError(f"{path}: key 'batches' must be a list of global batch numbers >= 1, got {_short(batches)}")
+    if not isinstance(spikes, list):
+        raise InputError(f"{path}: key 'spikes' must be a list, got {_short(spikes)}")
+    return recorded
+
+
+SKIP_FILE_SHAPE = '{"batches": [global batch numbers >= 1], "spikes": [...]}'
+
+
+def _is_batch_number(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def record_skipped_batch(run_dir: Path, batch: int, step: int, result: dict, is_main: bool) -> None:
