@@ -166,6 +166,11 @@ class ParallelConfig:
     activation_checkpoint: str = choice("none", ("none", "full", "every_n", "selective"))
     ac_every: int = bounded(2, lambda v: v >= 1, "at least 1")
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
+    # gradient accumulation over a step's micro-batches: unsharded = the blocks' parameters stay gathered and the
+    # gradients are reduced once per optimizer step (one all-gather and one reduce-scatter per block per step; the
+    # unsharded compute-dtype parameters and fp32 gradients must fit); sharded = FSDP's gather/reduce cycle on every
+    # micro-batch (least memory); auto = unsharded where the memory plan says it fits the device
+    accumulate: str = choice("auto", ("auto", "unsharded", "sharded"))
     # process-group init and collective timeout (seconds): a rank that waits longer on the others fails
     # instead of hanging; lm-eval on rank 0 does not count against it (the others wait on a separate group)
     timeout_s: int = 1800

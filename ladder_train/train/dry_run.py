@@ -7,6 +7,7 @@ fake process group of the simulated world size, so the Slurm scripts can be chec
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,60 @@ def activation_bytes(cfg: Config, micro_batch: int) -> dict[str, float]:
     blocks = (layers - checkpointed) * per_layer + checkpointed * 2 * s * b * h + (per_layer if checkpointed else 0)
     logits = 8 * s * b * m.vocab_size
     return {"blocks": blocks, "logits": logits}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU of a training step: sharded states, gathered compute copies, activations, logits; and what
+    keeping every block's parameters gathered with unsharded gradients over the micro-batches adds."""
+
+    states: float
+    gathered: float
+    activations: float
+    logits: float
+    unsharded_extra: float
+
+    @property
+    def sharded(self) -> float:
+        return self.states + self.gathered + self.activations + self.logits
+
+    @property
+    def unsharded(self) -> float:
+        return self.sharded + self.unsharded_extra
+
+
+def memory_plan(cfg: Config, args, local_params: int, micro_batch: int, device: torch.device) -> MemoryPlan:
+    counts = count_params(args)
+    dtype_bytes = 2 if resolve_dtype(cfg.train.dtype, device) == torch.bfloat16 else 4
+    block_params = (counts["non_embedding"] - args.dim) / args.n_layers
+    acts = activation_bytes(cfg, micro_batch)
+    return MemoryPlan(
+        states=16 * local_params,  # fp32 weights, fp32 gradients, Adam's two moments, all sharded
+        # unsharded compute copies in flight: the current and the prefetched block, and the root's embedding
+        gathered=dtype_bytes * (2 * block_params + counts["embedding"]),
+        activations=acts["blocks"],
+        logits=acts["logits"],
+        # every block gathered at once in the compute dtype, and its unsharded gradient accumulated in fp32
+        # (FSDP2 accumulates in reduce_dtype while gradient sync is off)
+        unsharded_extra=dtype_bytes * (counts["total"] - 2 * block_params - counts["embedding"]) + 4 * counts["total"],
+    )
+
+
+def choose_accumulation(setting: str, plan: MemoryPlan, device: torch.device) -> tuple[str, str]:
+    """(``unsharded`` or ``sharded``, why). ``auto``: unsharded when the plan's total with it fits 90 % of the
+    device's memory (the CPU's host memory is not planned: unsharded). Even with one micro-batch per step,
+    unsharded saves the backward's second all-gather of every block."""
+    if setting != "auto":
+        return setting, f"parallel.accumulate={setting}"
+    if device.type != "cuda":
+        return "unsharded", "auto, on the CPU"
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    fits = plan.unsharded <= 0.9 * capacity
+    verdict = "fits" if fits else "does not fit"
+    return ("unsharded" if fits else "sharded"), (
+        f"auto: the plan with unsharded accumulation, {plan.unsharded / GIB:.1f} GiB, {verdict} 90 % of the "
+        f"device's {capacity / GIB:.1f} GiB"
+    )
 
 
 def _simulated_world(simulate: str | None) -> tuple[int, int]:
@@ -65,13 +120,7 @@ def dry_run(cfg: Config, simulate: str | None) -> str:
     finally:
         dist.destroy_process_group()
 
-    dtype_bytes = 2 if resolve_dtype(cfg.train.dtype, torch.device("cuda")) == torch.bfloat16 else 4
-    states = 16 * local_params  # fp32 weights, fp32 gradients, Adam's two moments, all sharded
-    block_params = (counts["non_embedding"] - args.dim) / args.n_layers
-    # unsharded compute copies in flight: the current and the prefetched block, and the root's embedding
-    gathered = dtype_bytes * (2 * block_params + counts["embedding"])
-    acts = activation_bytes(cfg, batch.micro_batch)
-    total = states + gathered + acts["blocks"] + acts["logits"]
+    plan = memory_plan(cfg, args, local_params, batch.micro_batch, torch.device("cuda"))
     lines = [
         f"dry run: {cfg.run.name} | {nodes} nodes x {gpus} GPUs = {world} processes",
         f"mesh {mesh_shape} (dp_replicate, dp_shard): {'HSDP' if replicate > 1 and shard > 1 else 'FSDP' if replicate == 1 else 'DP'}",
@@ -79,8 +128,12 @@ def dry_run(cfg: Config, simulate: str | None) -> str:
         f"{local_params:,} per GPU",
         f"global batch {batch.global_batch} x {batch.seq_len} tokens = {batch.tokens_per_step:,} tokens/step: "
         f"{world} ranks x {batch.accumulation} micro-batches x {batch.micro_batch}",
-        f"memory per GPU (GiB): params+grads+adam {states / GIB:.2f} (16 B x {local_params:,}) | "
-        f"gathered params {gathered / GIB:.2f} | activations {acts['blocks'] / GIB:.2f} "
-        f"(checkpointing: {cfg.parallel.activation_checkpoint}) | logits {acts['logits'] / GIB:.2f} | total {total / GIB:.2f}",
+        f"memory per GPU (GiB): params+grads+adam {plan.states / GIB:.2f} (16 B x {local_params:,}) | "
+        f"gathered params {plan.gathered / GIB:.2f} | activations {plan.activations / GIB:.2f} "
+        f"(checkpointing: {cfg.parallel.activation_checkpoint}) | logits {plan.logits / GIB:.2f} | total "
+        f"{plan.sharded / GIB:.2f}",
+        f"gradient accumulation over {batch.accumulation} micro-batches: unsharded (one gather and one reduction "
+        f"per step) adds {plan.unsharded_extra / GIB:.2f} GiB, total {plan.unsharded / GIB:.2f} "
+        f"(parallel.accumulate={cfg.parallel.accumulate}; auto keeps it where the device holds the total)",
     ]
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
@@ -31,8 +32,17 @@ from ..errors import EXIT_REQUEUE, InputError, Preempted
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
-from ..parallel import BatchSplit, Dist, build_mesh, init_sharded_weights, parallelize, resolve_degrees, resolve_dtype
+from ..parallel import (
+    BatchSplit,
+    RankEnv,
+    build_mesh,
+    init_sharded_weights,
+    parallelize,
+    resolve_degrees,
+    resolve_dtype,
+)
 from .chat_steps import EmptyBatches, scored_micro_batches
+from .dry_run import choose_accumulation, memory_plan
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
@@ -59,7 +69,7 @@ class Trainer:
     any iterable of this rank's micro-batches ``(inputs, labels)`` (no data position is then saved).
     """
 
-    def __init__(self, cfg: Config, env: Dist, batches: MicroBatchLoader | Iterable[Batch] | None = None):
+    def __init__(self, cfg: Config, env: RankEnv, batches: MicroBatchLoader | Iterable[Batch] | None = None):
         self.cfg, self.env = cfg, env
         self.run_dir = Path(cfg.run.dir)
         fresh = not self.run_dir.exists()
@@ -97,6 +107,7 @@ class Trainer:
         model = build_on_meta(self.model_args)
         freeze_lower_layers(model, cfg.train.freeze_layers)
         self.model = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype)
+        self.accumulate, self.accumulate_reason = self._choose_accumulation()
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
 
@@ -114,7 +125,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg.checkpoint, self.run_dir, env.rank, env.world_size)
         self.evaluator = Evaluator(cfg, env, self.run_dir, self.model_args, self.batch.micro_batch, self.tokenizer)
         self.run_state = RunState(
-            self, self.guard, self.empty_batches, self.scheduler, self.loader, self.model_args, env
+            self, self.guard, self.empty_batches, self.scheduler, self.loader, self.model_args, env, self.total_steps
         )
         self._preempt_signal: int | None = None
         self._preempt_all = False
@@ -231,6 +242,9 @@ class Trainer:
             last = micro == split.accumulation - 1
             if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
                 model.set_requires_all_reduce(last)
+            if self.accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
+                model.set_requires_gradient_sync(last)
+                model.set_reshard_after_backward(last)
             waited = time.perf_counter()
             inputs, labels = self._next_micro_batch() if step_batches is None else step_batches[micro]
             data_wait += time.perf_counter() - waited
@@ -246,6 +260,18 @@ class Trainer:
             loss.backward()
             loss_sum += loss.detach()
         return loss_sum, data_wait
+
+    def _choose_accumulation(self) -> tuple[str, str]:
+        """Whether the blocks stay gathered over a step's micro-batches (one all-gather and one reduce-scatter
+        per step) or FSDP gathers and reduces on every micro-batch; the plan decides under ``auto``."""
+        if not isinstance(self.model, FSDPModule):
+            return "sharded", "not sharded (one fp32 process)"
+        local_params = sum(p.to_local().numel() for p in self.model.parameters())
+        plan = memory_plan(self.cfg, self.model_args, local_params, self.batch.micro_batch, self.env.device)
+        mode, reason = choose_accumulation(self.cfg.parallel.accumulate, plan, self.env.device)
+        if mode == "unsharded":
+            self.model.set_reshard_after_forward(False)  # the backward and the next micro-batch reuse the gather
+        return mode, reason
 
     def _clip_and_reduce(self, loss_sum: torch.Tensor) -> tuple[float, float]:
         """Clip the gradients; the global loss and gradient norm, the same on every rank. One small all-reduce per
@@ -282,8 +308,7 @@ class Trainer:
                 self.evaluator.maybe_validate(self.model, self.step, self.tokens_seen, logger)
                 if self._preempt_all:
                     self._stop_for_preemption()
-                if self.checkpointer.periodic_save_due(self.step, self.max_steps):
-                    self.save_checkpoint()
+                if self.checkpointer.maybe_save(self.step, self.max_steps, self.model, self.optimizer, self.run_state):
                     self.evaluator.maybe_evaluate(self.model, self.step, logger, self.checkpointer)
                 profiler.step(self.step)
             if history:
@@ -342,6 +367,9 @@ class Trainer:
                 f"total {self.total_steps}, running {self.max_steps} steps",
                 flush=True,
             )
+            if isinstance(self.model, FSDPModule):
+                once = "one gather and one reduction per step" if self.accumulate == "unsharded" else "per micro-batch"
+                print(f"FSDP gradients: {self.accumulate} ({once}; {self.accumulate_reason})", flush=True)
         logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id, resumed_step=self.step)
         # every rank saves the trainer entry and DCP keeps one rank's copy: all must carry rank 0's id
         box = [logger.wandb_id]

@@ -1,0 +1,62 @@
+"""Gradient accumulation under FSDP2 (``parallel.accumulate``): kept unsharded, a step makes as many all-gathers
+and reduce-scatters with 4 micro-batches as with 1; FSDP's per-micro-batch cycle makes more; both give the same
+numbers. Counted on FSDP's own collectives over gloo, 2 ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+from dist_utils import run_ranks
+from test_train import assert_same, global_batches, tiny_config
+
+
+def counted_training(micro: int, accumulate: str, tmp: str):
+    """(FSDP collectives per optimizer step, losses and gradient norms, the mode the trainer chose)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+
+    from ladder_train.parallel import init_distributed
+    from ladder_train.train import Trainer
+
+    counts = {"all_gather": 0, "reduce_scatter": 0}
+
+    def counting(kind, call):
+        def wrapper(*args, **kwargs):
+            counts[kind] += 1
+            return call(*args, **kwargs)
+
+        return wrapper
+
+    collectives.DefaultAllGather.__call__ = counting("all_gather", collectives.DefaultAllGather.__call__)
+    collectives.DefaultReduceScatter.__call__ = counting("reduce_scatter", collectives.DefaultReduceScatter.__call__)
+    env = init_distributed()
+    try:
+        cfg = tiny_config("ladder", micro, tmp, **{"train.max_steps": 3, "parallel.accumulate": accumulate})
+        trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
+        per_step, step = [], trainer.train_step
+
+        def counted_step():
+            before = dict(counts)
+            outcome = step()
+            per_step.append({kind: counts[kind] - before[kind] for kind in counts})
+            return outcome
+
+        trainer.train_step = counted_step
+        losses = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
+        return per_step, losses, trainer.accumulate
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_kept_unsharded_a_step_gathers_and_reduces_once_however_many_micro_batches(tmp_path):
+    # 8 sequences per step on 2 ranks: 4 per rank, in 1 micro-batch of 4 or 4 micro-batches of 1
+    one_micro, _, mode_one = run_ranks(counted_training, 2, 4, "unsharded", str(tmp_path / "a"))[0]
+    four_micro, unsharded_losses, mode = run_ranks(counted_training, 2, 1, "unsharded", str(tmp_path / "b"))[0]
+    cycled, sharded_losses, mode_sharded = run_ranks(counted_training, 2, 1, "sharded", str(tmp_path / "c"))[0]
+    assert (mode_one, mode, mode_sharded) == ("unsharded", "unsharded", "sharded")
+    assert four_micro == one_micro
+    assert one_micro[1]["all_gather"] > 0 and one_micro[1]["reduce_scatter"] > 0
+    # FSDP's cycle on every micro-batch: 4x the reduce-scatters, and a gather per micro-batch
+    assert cycled[1]["reduce_scatter"] == 4 * one_micro[1]["reduce_scatter"]
+    assert cycled[1]["all_gather"] > 3 * one_micro[1]["all_gather"]
+    assert_same(unsharded_losses, sharded_losses, 1e-5)
