@@ -1,10 +1,12 @@
-"""Gradient accumulation under FSDP2 (``parallel.accumulate``): kept unsharded, a step makes as many all-gathers
-and reduce-scatters with 4 micro-batches as with 1; FSDP's per-micro-batch cycle makes more; both give the same
-numbers. Counted on FSDP's own collectives over gloo, 2 ranks."""
+"""The optimizer step's collectives and kernels. Gradient accumulation under FSDP2 (``parallel.accumulate``):
+kept unsharded, a step makes as many all-gathers and reduce-scatters with 4 micro-batches as with 1; FSDP's
+per-micro-batch cycle makes more; both give the same numbers (counted on FSDP's own collectives over gloo,
+2 ranks). AdamW is the fused kernel on a GPU."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
 from dist_utils import run_ranks
 from test_train import assert_same, global_batches, tiny_config
@@ -60,3 +62,22 @@ def test_kept_unsharded_a_step_gathers_and_reduces_once_however_many_micro_batch
     assert cycled[1]["reduce_scatter"] == 4 * one_micro[1]["reduce_scatter"]
     assert cycled[1]["all_gather"] > 3 * one_micro[1]["all_gather"]
     assert_same(unsharded_losses, sharded_losses, 1e-5)
+
+
+def test_adamw_is_fused_on_cuda_and_foreach_on_the_cpu():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ladder_train.config import load_config
+    from ladder_train.train.optim import build_optimizer
+
+    settings = load_config(None, []).train.optimizer
+
+    def model_on(device: str) -> torch.nn.Module:
+        model = torch.nn.Module()
+        model.weight = torch.nn.Parameter(torch.empty(4, 4, device=device))  # decayed group
+        model.norm = torch.nn.Parameter(torch.empty(4, device=device))  # no-decay group
+        return model
+
+    with FakeTensorMode():  # cuda tensors without a GPU
+        assert build_optimizer(model_on("cuda"), settings).defaults["fused"] is True
+    assert build_optimizer(model_on("cpu"), settings).defaults["fused"] is None  # torch's default: foreach
