@@ -40,6 +40,11 @@ BAD_INPUT = [
     ("ladder-train", ["show", "--config", SMOKE, "modle.dim=3"], "unknown key 'modle' (did you mean 'model'?)"),
     ("ladder-train", ["study", "--config", SMOKE, "run.dir=a,b"], "run.dir names the study's one folder"),
     ("ladder-train", ["demo", "--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+    (
+        "ladder-train",
+        ["--config", SMOKE, "--dry-run", "--gpu-memory", "0"],
+        "argument --gpu-memory: expected a finite number > 0, got '0'",
+    ),
     ("ladder-bench", ["--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
     ("ladder-bench", ["--tp", "-2"], "argument --tp: expected an integer >= 1, got '-2'"),
     ("ladder-bench", ["--model", "{root}/nowhere", "--tp", "1"], "{root}/nowhere"),

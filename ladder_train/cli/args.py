@@ -75,6 +75,7 @@ def _number(kind, low, inclusive: bool, words: str):
 positive_int = _number(int, 1, True, "an integer >= 1")
 non_negative_int = _number(int, 0, True, "an integer >= 0")
 non_negative_float = _number(float, 0.0, True, "a finite number >= 0")
+positive_float = _number(float, 0.0, False, "a finite number > 0")
 
 
 def utf8_text(text: str) -> str:

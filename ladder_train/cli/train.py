@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import load_config, model_args, to_yaml
-from .args import Parser, new_output_folder, non_negative_float, positive_int
+from .args import Parser, new_output_folder, non_negative_float, positive_float, positive_int
 
 
 def _config_parser(prog: str) -> Parser:
@@ -44,6 +44,13 @@ def cmd_train(argv: list[str]) -> int:
     parser.add_argument(
         "--simulate", default=None, metavar="NODESxGPUS", help="with --dry-run: the world to plan for, e.g. 16x8"
     )
+    parser.add_argument(
+        "--gpu-memory",
+        type=positive_float,
+        default=80.0,
+        metavar="GIB",
+        help="with --dry-run: the GPU memory the largest fitting micro-batch is named for (default 80, an H100)",
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     if cfg.checkpoint.init_from:  # a model that does not fit the recipe is refused before any process group exists
@@ -51,7 +58,7 @@ def cmd_train(argv: list[str]) -> int:
 
         check_init_source(cfg.checkpoint.init_from, model_args(cfg.model))
     if args.dry_run:
-        print(dry_run(cfg, args.simulate))
+        print(dry_run(cfg, args.simulate, args.gpu_memory * 2**30))
         return 0
     env = init_distributed(cfg.parallel.timeout_s)
     try:

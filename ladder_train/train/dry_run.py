@@ -98,8 +98,20 @@ def _simulated_world(simulate: str | None) -> tuple[int, int]:
     return nodes, gpus
 
 
-def dry_run(cfg: Config, simulate: str | None) -> str:
-    """The plan as printable text."""
+def largest_fitting_micro_batch(
+    cfg: Config, args, local_params: int, per_rank: int, capacity: float, unsharded: bool
+) -> tuple[int, MemoryPlan] | None:
+    """The largest micro-batch (a divisor of the sequences per rank) whose plan fits 90 % of ``capacity`` bytes."""
+    best = None
+    for micro in (m for m in range(1, per_rank + 1) if per_rank % m == 0):
+        plan = memory_plan(cfg, args, local_params, micro, torch.device("cuda"))
+        if (plan.unsharded if unsharded else plan.sharded) <= 0.9 * capacity:
+            best = (micro, plan)
+    return best
+
+
+def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> str:
+    """The plan as printable text, with the largest micro-batch that fits ``gpu_memory`` bytes."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     nodes, gpus = _simulated_world(simulate)
@@ -136,4 +148,16 @@ def dry_run(cfg: Config, simulate: str | None) -> str:
         f"per step) adds {plan.unsharded_extra / GIB:.2f} GiB, total {plan.unsharded / GIB:.2f} "
         f"(parallel.accumulate={cfg.parallel.accumulate}; auto keeps it where the device holds the total)",
     ]
+    for unsharded in (True, False):
+        fitting = largest_fitting_micro_batch(cfg, args, local_params, batch.per_rank, gpu_memory, unsharded)
+        mode = "unsharded" if unsharded else "sharded"
+        if fitting is None:
+            lines.append(f"on a {gpu_memory / GIB:g} GiB GPU, {mode}: no micro-batch fits 90 % of it")
+        else:
+            micro, fit = fitting
+            total = fit.unsharded if unsharded else fit.sharded
+            lines.append(
+                f"on a {gpu_memory / GIB:g} GiB GPU, {mode}: the largest micro-batch that fits 90 % of it is {micro} "
+                f"(plan {total / GIB:.2f} GiB)"
+            )
     return "\n".join(lines)
