@@ -10,7 +10,7 @@ import typing
 from dataclasses import field
 
 from .errors import ConfigError
-from .folders import is_token_folder
+from .folders import TOKEN_FOLDER_META, is_token_folder, recorded_max_token_id, token_folder_of
 
 # A field's own constraints sit beside it, in its metadata (config.py; the model's in model/transformer.py):
 # CHOICES, the values it may take, or CHECK, (test, what the value must be) for a range.
@@ -70,6 +70,7 @@ def check_values(cfg) -> None:
     _check_betas(cfg)
     _check_stability_and_schedule(cfg)
     _check_data_sources(cfg)
+    _check_token_folders(cfg)
 
 
 def _check_model(m, seq_len: int) -> None:
@@ -189,3 +190,29 @@ def _check_data_sources(cfg) -> None:
             f"key 'eval.val_every'={cfg.eval.val_every} needs data.validation_source when training on token folders "
             "(they hold one split): ladder-data prepare SOURCE DIR --split validation, then data.validation_source=DIR"
         )
+
+
+def _token_folder_keys(d) -> list[tuple[str, str]]:
+    """(key, path) of every place a token folder may be named."""
+    keys = [("data.source", d.source), ("data.validation_source", d.validation_source)]
+    keys += [(f"data.sources[{k}].path", entry.path) for k, entry in enumerate(d.sources)]
+    return [(key, str(path)) for key, path in keys if path]
+
+
+def _check_token_folders(cfg) -> None:
+    """A token folder is named by its folder, not one of its files; a folder whose metadata records ids past
+    model.vocab_size is refused now, not by an IndexError in the embedding (the loader checks every window too)."""
+    vocab = cfg.model.vocab_size
+    for key, path in _token_folder_keys(cfg.data):
+        folder = token_folder_of(path)
+        if folder is not None:
+            raise ConfigError(
+                f"key '{key}'={path} is a file of the token folder {folder}: give the folder, {key}={folder}"
+            )
+        largest = recorded_max_token_id(path) if is_token_folder(path) else None
+        if largest is not None and largest >= vocab:
+            raise ConfigError(
+                f"key '{key}'={path}: the token folder holds ids up to {largest} ({TOKEN_FOLDER_META} max_token_id), "
+                f"outside model.vocab_size={vocab}: train it with the tokenizer it was made with and its vocabulary "
+                "size, or prepare it again with this model's tokenizer"
+            )

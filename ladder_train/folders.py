@@ -41,6 +41,20 @@ def is_token_folder(source) -> bool:
     return source is not None and Path(str(source)).expanduser().joinpath(TOKEN_FOLDER_META).is_file()
 
 
+def token_folder_of(path) -> Path | None:
+    """The token folder ``path`` is a file of (``FOLDER/tokens.bin`` given where ``FOLDER`` is meant), else None."""
+    path = Path(str(path)).expanduser()
+    return path.parent if path.is_file() and is_token_folder(path.parent) else None
+
+
+def recorded_max_token_id(folder) -> int | None:
+    """The largest token id a token folder's metadata records (ladder-data prepare writes it); None when it
+    records none (a folder made before it was recorded) or is no token folder. Not checked against the tokens."""
+    meta = read_optional_json(Path(str(folder)).expanduser() / TOKEN_FOLDER_META)
+    value = meta.get("max_token_id") if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def run_config_path(checkpoint: str | Path) -> Path:
     """The config of the run a training checkpoint belongs to: ``RUN_DIR/config.yaml`` for
     ``RUN_DIR/checkpoints/step-N`` (it may not exist, e.g. for a copied checkpoint)."""

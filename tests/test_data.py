@@ -472,3 +472,40 @@ def test_a_document_whose_text_is_a_number_is_one_line_naming_file_and_line(tmp_
     with pytest.raises(DataError) as caught:
         list(build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0, cycle=False))
     assert str(caught.value) == f"{source}: line 3: 'text' is a int, not text (data.text_column)"
+
+
+def test_a_jsonl_column_of_token_ids_is_taken_as_it_is_and_checked_against_the_vocabulary(tmp_path):
+    """docs/guide.md: a column of token id lists is taken as it is; an id past the vocabulary is one line."""
+    from ladder_train.data.tokenize_files import prepare
+
+    tok = byte_tokenizer()
+    texts = ["hello there", "general kenobi", "a longer third document " * 3]
+    as_text = write_jsonl(tmp_path / "text.jsonl", texts)
+    as_ids = tmp_path / "ids.jsonl"
+    as_ids.write_text("".join(json.dumps({"text": tok.encode(t).ids}) + "\n" for t in texts))
+
+    def stream(source: Path) -> torch.Tensor:
+        cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=4)
+        return stream_of(build_dataloader(cfg, tok, 1, num_workers=0, cycle=False))
+
+    assert torch.equal(stream(as_ids), stream(as_text))
+    prepare(str(as_text), tmp_path / "from_text", "byte")
+    prepare(str(as_ids), tmp_path / "from_ids", "byte")
+    for name in ("tokens.bin", "offsets.bin"):
+        assert (tmp_path / "from_ids" / name).read_bytes() == (tmp_path / "from_text" / name).read_bytes()
+
+    past = tmp_path / "past.jsonl"
+    past.write_text(json.dumps({"text": [5, 6, 257]}) + "\n")
+    with pytest.raises(
+        DataError,
+        match=rf"^{past}: a document of token ids holds id 257, outside the tokenizer's vocabulary \(0..256\)$",
+    ):
+        stream(past)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"text": [5, 6]}) + "\n" + json.dumps({"text": "words"}) + "\n")
+    with pytest.raises(DataError, match=rf"^{mixed}: the column mixes texts and token id lists"):
+        stream(mixed)
+    floats = tmp_path / "floats.jsonl"
+    floats.write_text(json.dumps({"text": [5.5, 6]}) + "\n")
+    with pytest.raises(DataError, match=rf"^{floats}: 'text' holds list, not text or a list of token ids"):
+        stream(floats)

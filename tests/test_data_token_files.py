@@ -122,7 +122,7 @@ def test_prepare_writes_the_packing_stream_with_its_metadata(corpus):
     assert folder.offsets().tolist() == np.concatenate([[0], np.cumsum(lengths)]).tolist()
     meta = json.loads((corpus["a"] / TOKEN_FOLDER_META).read_text())
     assert meta["tokens"] == len(expected) and meta["documents"] == 1200 and meta["dtype"] == "uint16"
-    assert meta["separator_id"] == 0 and meta["source"]["shards"] == 3
+    assert meta["separator_id"] == 0 and meta["source"]["shards"] == 3 and meta["max_token_id"] == max(expected)
     assert meta["tokenizer"]["name"] == "byte" and meta["tokenizer"]["vocab_size"] == 257
     assert len(meta["tokenizer"]["sha256"]) == 64
 
@@ -152,7 +152,7 @@ def test_uint32_when_the_vocabulary_does_not_fit_uint16(tmp_path):
     pq.write_table(pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))}), tmp_path / "src/x.parquet")
     meta = prepare(str(tmp_path / "src"), tmp_path / "out", str(tmp_path / "tokenizer.json"), text_column="input_ids")
     folder = open_token_folder(tmp_path / "out")
-    assert meta["dtype"] == "uint32" and folder.tokens.dtype == np.dtype("<u4")
+    assert meta["dtype"] == "uint32" and folder.tokens.dtype == np.dtype("<u4") and meta["max_token_id"] == 69999
     assert folder.tokens.tolist() == [69999, 5, 65536, 0, 1, 2, 0]
 
 

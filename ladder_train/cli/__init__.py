@@ -10,7 +10,8 @@ the library; no library module imports this package. ``cli/args.py`` holds the f
 Exit status, the same for every command: 0 done; 1 the work failed (a damaged checkpoint, a non-finite loss,
 run.dir in use by another trainer: ``errors.RunFailed``); 2 bad input, nothing done (a flag, config key,
 recipe, data source, tokenizer or model folder: ``errors.InputError``; argparse's own usage errors are 2 too);
-75 preempted with a checkpoint saved (the Slurm script requeues on it). Errors print as ``PROG: error: ...``.
+75 preempted with a checkpoint saved (the Slurm script requeues on it); 130 ``ladder-data prepare`` interrupted by
+Ctrl-C (its partial files removed). Errors print as ``PROG: error: ...``.
 An ``OSError`` from the file system (no space, a name too long, a read-only folder, a symlink loop) is one line too,
 naming the path: 1 when space or the device ran out while working, 2 otherwise (a path that cannot be used).
 """

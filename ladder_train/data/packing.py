@@ -68,6 +68,28 @@ def document_groups(stream: Iterator[dict], column: str) -> Iterator[list]:
         yield group
 
 
+def document_ids(texts: list, tokenizer: Tokenizer, vocab_size: int, where: str) -> list[list[int]]:
+    """Each document's token ids: texts are tokenized; lists of token ids (a pre-tokenized column) are taken as they
+    are, once every id is found inside the vocabulary (an id past it would index past the embedding table)."""
+    if all(isinstance(text, str) for text in texts):
+        return [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
+    if not all(isinstance(text, list) for text in texts):
+        raise DataError(f"{where}: the column mixes texts and token id lists; give one or the other")
+    for doc in texts:
+        try:
+            ids = np.asarray(doc)
+        except ValueError:  # a ragged list of lists
+            ids = np.asarray([None])
+        if ids.size and (ids.ndim != 1 or ids.dtype.kind not in "iu"):
+            raise DataError(f"{where}: a document is a list, but not of token ids (integers)")
+        if ids.size and not 0 <= ids.min() <= ids.max() < vocab_size:
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise DataError(
+                f"{where}: a document of token ids holds id {bad}, outside the tokenizer's vocabulary (0..{vocab_size - 1})"
+            )
+    return [list(doc) for doc in texts]
+
+
 class PackedWindows(torch.utils.data.IterableDataset):
     """Windows of ``seq_len + 1`` token ids (LongTensor) cut from the concatenated documents.
 
@@ -104,6 +126,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
         self.tokenizer = tokenizer
         self.window = seq_len + 1
         self.eos_id = eos_id
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)  # pre-tokenized ids are checked against it
         self.text_column = text_column
         self.cycle = cycle
         self.source_name = source_name  # for error messages
@@ -142,10 +165,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
             odd = next(text for text in texts if not isinstance(text, (str, list)))
             err = TypeError(f"'{self.text_column}' holds a {type(odd).__name__}, not text")
             raise DataError(self.describe_read_error(err) if self.describe_read_error else f"{self.source_name}: {err}")
-        if isinstance(texts[0], str):
-            ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(texts)]
-        else:  # pre-tokenized documents (data/prepare.py): a column of token id lists
-            ids = [list(doc) for doc in texts]
+        ids = document_ids(texts, self.tokenizer, self.vocab_size, self.source_name)
         for doc in ids:
             doc.append(self.eos_id)
         return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(map(len, ids)))

@@ -25,6 +25,7 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 
+from ..folders import is_token_folder
 from .conversations import CHAT_COLUMN, conversation_problem
 from .errors import DataError, note
 
@@ -92,8 +93,14 @@ def _check_jsonl(path: Path, text_column: str, chat: bool = False) -> None:
     if chat:
         if problem := conversation_problem(record[text_column]):
             raise DataError(f"{path}: the first record: {problem}")
-    elif not isinstance(record[text_column], str):
-        raise DataError(f"{path}: '{text_column}' holds {type(record[text_column]).__name__}, not text")
+    elif not (isinstance(record[text_column], str) or is_id_list(record[text_column])):
+        kind = type(record[text_column]).__name__
+        raise DataError(f"{path}: '{text_column}' holds {kind}, not text or a list of token ids")
+
+
+def is_id_list(value) -> bool:
+    """A pre-tokenized document: a list of token ids (integers), taken as it is (the guide's "Data")."""
+    return isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
 
 
 def check_file(path: Path, text_column: str, chat: bool = False) -> None:
@@ -203,6 +210,12 @@ def _split_of(path: Path, root: Path) -> str | None:
 def local_files(source: str, split: str) -> list[Path]:
     """The files of a local source for ``split``, sorted (the stream order)."""
     root = Path(source).expanduser()
+    if root.is_file() and is_token_folder(root.parent):
+        raise DataError(
+            f"data.source: {root} is a file of the token folder {root.parent}; give the folder: data.source={root.parent}"
+        )
+    if root.is_file() and root.suffix not in FORMATS:
+        raise DataError(f"data.source: {root} is not a {'/'.join(FORMATS)} file (nor a folder of them)")
     if root.is_file():
         if split != "train":
             raise DataError(f"data.source: {root} is one file with no '{split}' split; set data.validation_source")

@@ -5,8 +5,8 @@ Training (:class:`TokenFileLoader`) yields this rank's micro-batches of global b
 one number, the global batches consumed, the same on every rank: its global state in the ``MicroBatchLoader`` sense
 (protocol.py), which the trainer keeps in its own checkpoint entry (saved once, restored at any world size).
 :meth:`TokenFileLoader.load_global_state` refuses a resume whose seed, mixture, folders, global batch or sequence
-length differ (one line naming what changed). Reading is a copy out of the memory map, in the trainer's process: no
-worker processes and no per-rank state.
+length differ (one line naming what changed). Reading is a pread of each window (token_files.py), in the trainer's
+process: no worker processes and no per-rank state.
 """
 
 from __future__ import annotations
@@ -98,7 +98,9 @@ class TokenFileLoader:
                 yield self.read(part[micro * self.micro_batch : (micro + 1) * self.micro_batch])
 
     def close(self) -> None:
-        """Nothing to stop: no worker processes."""
+        """No worker processes to stop: the folders' open files are closed."""
+        for folder in self.folders:
+            folder.close()
 
     def describe(self) -> str:
         return f"the token-file order continues at global batch {self.global_batches + 1}, as on any world size"
@@ -197,7 +199,8 @@ class TokenWindows:
                 return
 
     def close(self) -> None:
-        """Nothing to stop."""
+        """No worker processes to stop: the folder's open file is closed."""
+        self.folder.close()
 
     def describe(self) -> str:
         return f"the validation windows of {self.folder.path} in file order"

@@ -4,7 +4,13 @@ The work is cut along the source's own shards (its files: a hub dataset's parque
 the standard library's modules), each shard one task. A task tokenizes its documents in order (the document
 separator after each, as the packing path does) into a part file; the main process appends the parts to
 ``tokens.bin`` / ``offsets.bin`` in shard order as they finish, so the folder is byte for byte the same whatever
-``--workers`` is. The metadata file is written last. A source of one file is one task (one process).
+``--workers`` is. Everything is written inside ``OUT_DIR/.parts/`` and moved into place at the end, the metadata
+file last; what OUT_DIR may hold before, ``--overwrite`` and the lock are out_folder.py's. A source of one file is one
+task (one process).
+
+Ctrl-C reaches the whole process group: the workers ignore it (they are started with SIGINT ignored, so not even
+their start-up sees it), the main process stops them and removes its partial files, and KeyboardInterrupt goes on
+to the caller (``ladder-data`` prints one line and exits 130).
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ import functools
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
@@ -23,7 +31,8 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from .errors import DataError
-from .packing import document_groups
+from .out_folder import PARTS, check_contents, check_out_dir, locked, remove_parts
+from .packing import document_groups, document_ids
 from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message
 from .token_files import (
     DTYPES,
@@ -39,7 +48,6 @@ from .token_files import (
 )
 from .tokenizer import eos_id, load_tokenizer
 
-PARTS = ".parts"  # the folder's scratch space while it is being written
 _report = None  # called with (documents, tokens) as a task advances: the progress bar's counters
 
 
@@ -58,25 +66,19 @@ def _ids(texts: list, tokenizer: Tokenizer, separator: int, vocab_size: int, sou
     if any(not isinstance(text, (str, list)) for text in texts):
         odd = next(text for text in texts if not isinstance(text, (str, list)))
         raise DataError(f"{source}: a document is a {type(odd).__name__}, not text or token ids")
-    if texts and isinstance(texts[0], str):
-        ids = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
-    else:
-        ids = [list(doc) for doc in texts]
-        if any(doc and not 0 <= min(doc) <= max(doc) < vocab_size for doc in ids):
-            raise DataError(
-                f"{source}: a document of token ids holds an id outside the vocabulary (0..{vocab_size - 1})"
-            )
+    ids = document_ids(texts, tokenizer, vocab_size, source)
     for doc in ids:
         doc.append(separator)
     return ids
 
 
-def _tokenize_shard(task: tuple) -> tuple[int, int]:
+def _tokenize_shard(task: tuple) -> tuple[int, int, int]:
     """One task: shard ``index`` of the source -> ``PARTS/{index}.tokens`` and ``.lengths``; returns (documents,
-    tokens)."""
+    tokens, the largest id or -1)."""
     shard, index, tokenizer, column, source, split, dtype, parts = task
     separator, vocab_size = eos_id(tokenizer), tokenizer.get_vocab_size(with_added_tokens=True)
     n_docs = n_tokens = 0
+    largest = -1
     with open(parts / f"{index:06d}.tokens", "wb") as tokens, open(parts / f"{index:06d}.lengths", "wb") as lengths:
         for texts in _documents(shard, column, source, split):
             ids = _ids(texts, tokenizer, separator, vocab_size, source)
@@ -84,9 +86,10 @@ def _tokenize_shard(task: tuple) -> tuple[int, int]:
             tokens.write(flat.tobytes())
             lengths.write(np.asarray([len(doc) for doc in ids], dtype=OFFSET_DTYPE).tobytes())
             n_docs, n_tokens = n_docs + len(ids), n_tokens + len(flat)
+            largest = max(largest, int(flat.max())) if len(flat) else largest
             if _report is not None:
                 _report(len(ids), len(flat))
-    return n_docs, n_tokens
+    return n_docs, n_tokens, largest
 
 
 def _count(counters, docs: int, tokens: int) -> None:
@@ -99,19 +102,38 @@ def _init_worker(counters) -> None:
     global _report
     _report = functools.partial(_count, counters)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one tokenizing thread per process: --workers sets the cores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle (module docstring)
+
+
+@contextmanager
+def _started_ignoring_ctrl_c():
+    """Processes started in the block begin with SIGINT ignored: an ignored signal stays ignored across exec, so a
+    spawned worker's Python never installs its KeyboardInterrupt handler (a Ctrl-C during its imports would print
+    a traceback). This process's own handler is back after the block."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signal handlers are not this thread's to set
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 class _Assembler:
-    """Appends finished parts to tokens.bin / offsets.bin in shard order and deletes them."""
+    """Appends finished parts to .parts/tokens.bin and .parts/offsets.bin in shard order and deletes them."""
 
-    def __init__(self, out: Path, parts: Path):
+    def __init__(self, parts: Path):
         self.parts = parts
-        self.tokens = open(out / TOKENS_NAME, "wb")
-        self.offsets = open(out / OFFSETS_NAME, "wb")
+        self.tokens = open(parts / TOKENS_NAME, "wb")  # noqa: SIM115 - closed by close()
+        self.offsets = open(parts / OFFSETS_NAME, "wb")  # noqa: SIM115
         self.offsets.write(np.zeros(1, dtype=OFFSET_DTYPE).tobytes())
         self.n_tokens = self.n_docs = 0
+        self.largest = -1
 
-    def append(self, index: int) -> None:
+    def append(self, index: int, largest: int) -> None:
+        self.largest = max(self.largest, largest)
         part = self.parts / f"{index:06d}"
         with open(f"{part}.tokens", "rb") as source:
             shutil.copyfileobj(source, self.tokens, 1 << 24)
@@ -145,8 +167,7 @@ def _in_process(tasks: list[tuple], assembler: _Assembler, bar) -> None:
     _report = report
     try:
         for task in tasks:
-            _tokenize_shard(task)
-            assembler.append(task[1])
+            assembler.append(task[1], _tokenize_shard(task)[2])
             bar.update(1)
     finally:
         _report = None
@@ -163,30 +184,23 @@ def _run_tasks(tasks: list[tuple], workers: int, assembler: _Assembler, desc: st
             return
         context = mp.get_context("spawn")  # no fork of a process holding datasets' and torch's threads
         counters = (context.Value("q", 0), context.Value("q", 0))
-        with context.Pool(min(workers, len(tasks)), _init_worker, (counters,)) as pool:
+        with _started_ignoring_ctrl_c():
+            pool = context.Pool(min(workers, len(tasks)), _init_worker, (counters,))
+        with pool:  # its exit terminates the workers, also on Ctrl-C or an error
             results = pool.imap(_tokenize_shard, tasks)
             done = 0
             while done < len(tasks):
                 try:
-                    results.next(timeout=1.0)
+                    result = results.next(timeout=1.0)
                 except mp.TimeoutError:
                     pass
                 else:
-                    assembler.append(tasks[done][1])
+                    assembler.append(tasks[done][1], result[2])
                     done += 1
                     bar.update(1)
                 _postfix(bar, counters[0].value, counters[1].value)
     finally:
         bar.close()
-
-
-def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataError(f"OUT_DIR: {out} exists and is not a folder")
-    if (out / TOKEN_FOLDER_META).exists():
-        raise DataError(
-            f"OUT_DIR: {out} already holds token files ({TOKEN_FOLDER_META}); remove it or choose another folder"
-        )
 
 
 def prepare(
@@ -197,31 +211,49 @@ def prepare(
     hub_config: str | None = None,
     text_column: str = "text",
     workers: int = 1,
+    overwrite: bool = False,
 ) -> dict:
     """Tokenize ``source`` (anything ``data.source`` reads) into the token folder ``out_dir``; returns its metadata.
-    Bad input (source, tokenizer, folder) is one DataError line before any work."""
+    Bad input (source, tokenizer, folder; out_folder.py says what OUT_DIR may hold) is one DataError line before any
+    work. On any failure or Ctrl-C the partial files are removed (and OUT_DIR, when this call made it)."""
     out = Path(out_dir).expanduser()
-    _check_out_dir(out)
+    check_out_dir(out, overwrite)
     tokenizer = load_tokenizer(tokenizer_name, where="--tokenizer")
     documents = open_source(str(source), split, text_column, hub_config)
     identity = tokenizer_identity(tokenizer, tokenizer_name)
     dtype = token_dtype(identity["vocab_size"])
-    parts = out / PARTS
-    shutil.rmtree(parts, ignore_errors=True)  # the scratch of an earlier, interrupted prepare
-    parts.mkdir(parents=True)
-    n = documents.num_shards
-    tasks = [
-        (documents.shard(n, index), index, tokenizer, text_column, str(source), split, dtype, parts)
-        for index in range(n)
-    ]
-    assembler = _Assembler(out, parts)
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
     try:
-        _run_tasks(tasks, workers, assembler, f"tokenizing {source} ({split})")
-    finally:
-        assembler.close()
-        shutil.rmtree(parts, ignore_errors=True)
+        with locked(out):
+            check_contents(out, overwrite)  # again under the lock: another prepare may have written meanwhile
+            remove_parts(out)  # an unfinished prepare's (checked: its own files only)
+            (out / PARTS).mkdir()
+            try:
+                n = documents.num_shards
+                tasks = [
+                    (documents.shard(n, index), index, tokenizer, text_column, str(source), split, dtype, out / PARTS)
+                    for index in range(n)
+                ]
+                assembler = _Assembler(out / PARTS)
+                try:
+                    _run_tasks(tasks, workers, assembler, f"tokenizing {source} ({split})")
+                finally:
+                    assembler.close()
+                meta = _meta(source, split, hub_config, text_column, n, tokenizer, identity, dtype, assembler)
+                _publish(out, meta)
+            finally:
+                remove_parts(out)
+    except BaseException:
+        if made and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return meta
+
+
+def _meta(source, split, hub_config, text_column, shards, tokenizer, identity, dtype, assembler) -> dict:
     hub = not (source == STDLIB_SOURCE or is_local(str(source)))
-    meta = {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "tokenizer": identity,
@@ -229,13 +261,21 @@ def prepare(
         "dtype": dtype,
         "tokens": assembler.n_tokens,
         "documents": assembler.n_docs,
+        "max_token_id": assembler.largest if assembler.largest >= 0 else None,
         "source": {
             "name": str(source),
             "split": split,
             "hub_config": hub_config if hub else None,
             "text_column": text_column,
-            "shards": n,
+            "shards": shards,
         },
     }
+
+
+def _publish(out: Path, meta: dict) -> None:
+    """Move the assembled files from .parts into place, the metadata last. A run reading the folder being replaced
+    keeps its own open files: a rename leaves them as they were, where writing in place would cut them short."""
+    (out / TOKEN_FOLDER_META).unlink(missing_ok=True)  # the folder is incomplete until the new metadata is written
+    for name in (TOKENS_NAME, OFFSETS_NAME):
+        os.replace(out / PARTS / name, out / name)
     write_meta(out, meta)
-    return meta
