@@ -1,0 +1,123 @@
+"""docs/benchmarks.md's tables of ladder-predict's predictions, made from the JSON lines committed under
+``docs/results/predict/`` (registered in ``docs_tables.TABLES``). Every figure in them is PREDICTED, none measured.
+
+- ``predict-llama70b-tp8``: the rows ``ladder-predict --out`` writes for one model, profile and TP degree over its
+  links and batch sizes (prefill, decode per token, comm share, the speedups over standard);
+- ``predict-sensitivity``: the rows ``benchmarks/predictor_sensitivity.py`` writes, the error against the paper's 70B
+  table of the h100 profile with one hand-set constant changed at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .doc_bench_tables import from_file
+from .tables import markdown_table
+
+LLAMA70B_TP8 = "docs/results/predict/llama70b_tp8.jsonl"  # ladder-predict --model llama-70b ... --out
+SENSITIVITY = "docs/results/predict/sensitivity.jsonl"  # python -m benchmarks.predictor_sensitivity --out
+LINK_NAMES = {"nvlink": "NVLink", "pcie": "P2P disabled"}  # the profile's pcie link is NCCL_P2P_DISABLE=1
+# the cells of the paper's table the sensitivity table shows: (column, the rows' name of the cell)
+SHOWN_CELLS = (
+    ("standard tok/s NVLink, batch 1", "standard tokens/s, P2P enabled, batch 1"),
+    ("standard tok/s NVLink, batch 64", "standard tokens/s, P2P enabled, batch 64"),
+    ("NVLink ladder, batch 1", "ladder speedup, P2P enabled, batch 1"),
+    ("P2P-off ladder, batch 1", "ladder speedup, P2P disabled, batch 1"),
+    ("P2P-off ladder, batch 64", "ladder speedup, P2P disabled, batch 64"),
+)
+
+
+def _one(rows: list[dict], key: str, path: str):
+    values = {row[key] for row in rows}
+    if len(values) != 1:
+        raise ValueError(f"{path}: the rows give more than one {key} ({', '.join(map(str, sorted(values)))})")
+    return values.pop()
+
+
+def prediction_grid(rows: list[dict], path: str = LLAMA70B_TP8) -> str:
+    """``ladder-predict``'s rows of one model, profile and TP degree: per link and batch standard's prefill and
+    decode step, the ladder's and the no-communication decode step, the comm share of the decode step, the ladder's
+    decode-step speedup and the parallel layout's and the ceiling's end-to-end tokens/s speedups."""
+    by = {}
+    for row in rows:
+        key = (row["link"], row["batch"], row["layout"])
+        if key in by:  # --out appends: a second run into the same file
+            raise ValueError(f"{path}: two rows for link {key[0]}, batch {key[1]}, {key[2]} (remove the file first)")
+        by[key] = row
+    body = []
+    for link, batch in dict.fromkeys((row["link"], row["batch"]) for row in rows):
+        std, par, lad, none = (by[link, batch, layout] for layout in ("standard", "parallel", "ladder", "none"))
+        body.append(
+            [
+                LINK_NAMES.get(link, link),
+                str(batch),
+                f"{std['prefill_ms']:.0f}",
+                *(f"{r['decode_ms_per_token']:.2f}" for r in (std, lad, none)),
+                f"{100 * std['comm_share']:.1f} %",
+                f"{lad['decode_speedup_vs_standard']:.3f}x",
+                f"{par['speedup_vs_standard']:.3f}x",
+                f"{none['speedup_vs_standard']:.3f}x",
+            ]
+        )
+    header = ["link", "batch", "standard prefill ms", "standard decode ms/tok", "ladder decode ms/tok"]
+    header += ["no-comm decode ms/tok", "comm share", "ladder decode-step speedup", "parallel tokens/s speedup"]
+    header += ["ceiling tokens/s speedup"]
+    model, gpu, tp = (_one(rows, key, path) for key in ("model", "gpu", "tp"))
+    prompt, gen = _one(rows, "prompt_len", path), _one(rows, "gen_len", path)
+    return (
+        markdown_table(header, body)
+        + f"\n\nPredicted (every row has `prediction: true`) for {model} on the {gpu} profile, TP {tp}, prompt "
+        f"{prompt}, {gen} new tokens; the {len(rows)} rows are in `{path}`.\n"
+    )
+
+
+def _percent(value: float, sign: bool) -> str:
+    return f"{100 * value:+.1f}" if sign else f"{100 * value:.1f}"
+
+
+def _joined(values: list[float], sign: bool, each: bool) -> str:
+    """``8.9 % / 4.9 %`` (``each``) or ``-11.0 / +2.5 %``: the figures of one assumption's alternatives."""
+    if each:
+        return " / ".join(f"{_percent(v, sign)} %" for v in values)
+    return " / ".join(_percent(v, sign) for v in values) + " %"
+
+
+def sensitivity(rows: list[dict], path: str = SENSITIVITY) -> str:
+    """benchmarks/predictor_sensitivity.py's rows: per changed assumption (its alternatives side by side, the shipped
+    value in brackets) the mean absolute error over the 12 cells and the errors of the cells ``SHOWN_CELLS`` names."""
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["assumption"], []).append(row)
+    body = []
+    for assumption, group in groups.items():
+        if assumption == "none":
+            label = "none (the shipped profile)"
+        else:
+            values = " / ".join(f"{row['value']:g}" for row in group)
+            label = f"{assumption} {values} ({_one(group, 'shipped', path):g})"
+        means = _joined([row["mean_abs_error_12"] for row in group], sign=False, each=True)
+        cells = [_joined([row["errors"][cell] for row in group], sign=True, each=False) for _, cell in SHOWN_CELLS]
+        body.append([label, means, *cells])
+    header = ["changed assumption: alternatives (shipped)", "mean abs error, 12 cells"]
+    header += [column for column, _ in SHOWN_CELLS]
+    several = [
+        f"{name} sets {' and '.join(f'`{key}`' for key in group[0]['keys'])}"
+        for name, group in groups.items()
+        if len(group[0]["keys"]) > 1
+    ]
+    commands = "; ".join(f"`{command}`" for command in dict.fromkeys(row["command"] for row in rows))
+    return (
+        markdown_table(header, body)
+        + "\n\nPredicted. Error = predicted / paper - 1 in a cell of the paper's 70B table; the mean is over the 12 "
+        "cells other than standard's P2P-disabled tokens/s. Each row but the first: a copy of the shipped "
+        f"{_one(rows, 'profile', path)} profile with that one value changed"
+        + (f" ({'; '.join(several)})" if several else "")
+        + f", read as `--profile` reads it; not adopted. The rows are in `{path}`, written by {commands}.\n"
+    )
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "predict-llama70b-tp8": from_file(LLAMA70B_TP8, prediction_grid),
+    "predict-sensitivity": from_file(SENSITIVITY, sensitivity),
+}
