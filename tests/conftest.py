@@ -13,6 +13,16 @@ def _fp32_single_thread():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    # a trainer run in this process sets torchrun's variables for its group of one (RANK, WORLD_SIZE, ...): a later
+    # test must not see them (ladder-bench would take itself for a torchrun rank)
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def shared_dir() -> Path:
     if not SHARED.is_dir():
