@@ -1,0 +1,847 @@
+"""The project on one GPU in one command, on a bare, offline machine (issue 40): training tokens/s, MFU and peak
+memory per layout and micro-batch against the ``--dry-run`` plan, a profiled step summarised, compiled decode.
+
+    bash benchmarks/gpu_prepare.sh        # on the development machine, from the root: .gpu/ (tokens, tokenizer, wheels)
+    python -m benchmarks.gpu_check --out docs/results/gpu [--layouts standard,parallel,ladder] [--micro 2,4]
+        [--steps 20] [--profile] [--decode-layers 8] [--big] [--keep-trace]
+    python -m benchmarks.gpu_check --tiny --out /tmp/gpu-tiny    # the same parts on the CPU with a tiny model
+
+Each part is a subprocess in its own process group with a time limit; the group is killed when the part ends, stops
+early or runs out of time, so no process outlives it (Ctrl-C / SIGTERM stop the running parts the same way).
+Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end.
+
+- plans: ``ladder-train ... --dry-run --simulate 1x1`` of every training run; its memory "total" (GiB) with sharded
+  and with unsharded gradient accumulation. CPU only: they run together before anything is measured.
+- training: per layout and micro-batch, ``recipes/{layout}_1b.yaml`` (the 1.2B preset, seq 2048) on the token folder,
+  global batch 16, compiled, ``--steps`` steps logged every step. Row: tokens/s median and range and MFU median
+  over the steps after the first ``--skip`` (compilation), peak memory, and the plan's total for the accumulation
+  the run used (its "FSDP gradients:" line) with the plan's relative error (plan - peak) / peak. A run is stopped
+  once its last step is logged: its final checkpoint (14 GB at 1.2B) is not waited for.
+- ``--profile``: the first layout and micro-batch again under ``profile.enabled`` (wait 5, warm-up 2, active 3:
+  RUN_DIR/profile/rank0_steps8-10.pt.trace.json), summarised by ``summarize_trace``: the GPU's busy share of the
+  traced span (the union of kernel, memcpy and memset intervals over first start to last end), kernels, copies,
+  memsets and CUDA runtime calls per optimizer step, the top kernels by GPU time.
+- decode: ``ladder-bench --model 1.2B --set n_layers=D --tp 1 --compile on`` (prompt 512, 256 new tokens, batch 1,
+  2 warm-up and 5 timed runs) per layout; row: TPOT (the median decode step) and the weights' read bandwidth,
+  parameters (``count_params``) x 2 bytes (bf16) / TPOT.
+- ``--big``: ``recipes/ladder_3b.yaml`` (3.5B) at micro-batch 1, global batch 4, eager, 4 steps: peak memory
+  against its plan.
+
+Rows (``kind`` train / profile / decode / big, each with ``env``: card, driver, GPU memory, torch, CUDA, date and
+start in UTC, git commit, the command) are appended to ``--out``/gpu.jsonl, the parts' logs kept in
+``--out``/logs/INVOCATION/; a table is printed at the end. Exit 1 when a part failed (its row says why), 2 when
+the machine lacks something.
+
+What the parts cost on one H100 80GB, estimated from the logs of the by-hand runs of 2026-11-26 in ../shared/gpu/
+(407 s: standard and ladder training at micro-batch 2 for 115 s and 109 s each, decode of two layouts 48 s, the
+3.5B run 100+ s; 266 s: the profiled run 106 s, an eager run 88 s, micro-batch 4 for 15 steps 72 s; every training
+run there included its final save, a 14 GB checkpoint at 1.2B, 56 GB at 3.5B, which this tool does not wait for):
+- plans: ~10 s together (a dry run is ~9 s of one core);
+- a compiled 1.2B training run of 20 steps: ~70 s at micro-batch 2 (start-up, compilation and the first 5 steps
+  ~40 s, then ~1.35 s a step), ~55 s at micro-batch 4 (~0.8 s a step);
+- ``--profile``: ~80 s (11 steps, ~1.9 s a step while traced, a ~150 MB trace written and read back);
+- decode at 8 layers: ~50 s for two layouts (4 compilations), ~70 s for three;
+- ``--big``: ~60 s (3.5B start-up and 4 eager steps of ~1.2 s).
+The default (three layouts, micro-batch 2, 20 steps, decode) should take ~5 minutes, ``--profile --big`` ~7.5;
+each further micro-batch adds ~3 minutes for three layouts. (Not yet timed with this tool on a GPU.)
+
+``--tiny`` runs every part on the CPU with the 2-layer ``tiny`` preset (seq 64, global batch 4, byte tokenizer,
+eager; the data: ``--tokens``, else ../shared/data/fineweb's text, else the Python standard library), the parts
+three at a time: ~75 s of CPU time (each part is ~9 s of one core, mostly imports), ~40 s on two idle cores. The
+CPU's "peak memory" is the process's peak resident set, so the plan's error is not reported there, and its trace
+has no GPU events (busy share None, with a note).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gzip
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_DIR = REPO / ".gpu"
+SHARED = Path(os.environ.get("LADDER_SHARED", REPO.parent / "shared"))
+LAYOUTS = ("standard", "parallel", "ladder")
+# what the parts import that a bare GPU machine may lack (.gpu/whl has the pure-Python ones)
+NEEDED_MODULES = ("torch", "omegaconf", "datasets", "torchdata", "tokenizers", "pyarrow", "numpy", "yaml")
+GPU_EVENTS = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "memsets"}
+RUNTIME_EVENTS = ("cuda_runtime", "cuda_driver")
+POLL_S = 0.5
+STOP = threading.Event()  # set on Ctrl-C / SIGTERM: every running part kills its process group
+
+
+# --- what a mode runs ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    """The settings of the GPU check or of ``--tiny``."""
+
+    name: str
+    global_batch: int
+    compile: bool
+    skip: int  # steps left out of the medians (compilation, first allocations)
+    profile: tuple[int, int, int]  # profile.wait, warmup, active
+    shrink: tuple[str, ...]  # overrides every training run and plan gets (the tiny model)
+    decode: tuple[str, ...]  # ladder-bench flags beside --set n_layers, --layouts and --out
+    decode_set: tuple[str, ...]
+    big: tuple[str, ...]  # the --big run's own overrides
+    limits: dict = field(default_factory=dict)  # seconds per part kind
+    jobs: int = 1  # measured parts at once (the GPU: one)
+
+
+GPU = Mode(
+    name="gpu",
+    global_batch=16,
+    compile=True,
+    skip=5,
+    profile=(5, 2, 3),
+    shrink=(),
+    decode=tuple("--model 1.2B --compile on --warmup 2 --runs 5 --prompt-len 512 --gen-len 256".split()),
+    decode_set=(),
+    big=("train.global_batch_size=4", "train.micro_batch_size=1", "train.max_steps=4", "parallel.compile=false"),
+    limits={"plan": 180, "train": 300, "profile": 360, "decode": 420, "big": 300},
+)
+TINY = Mode(
+    name="tiny",
+    global_batch=4,
+    compile=False,
+    skip=1,
+    profile=(1, 1, 3),
+    shrink=("model.preset=tiny", "data.seq_len=64", "data.num_workers=0"),
+    decode=tuple("--model tiny --compile off --warmup 1 --runs 2 --prompt-len 16 --gen-len 8".split()),
+    decode_set=("vocab_size=257",),
+    big=("model.preset=small", "train.global_batch_size=4", "train.micro_batch_size=1", "train.max_steps=3"),
+    limits={"plan": 120, "train": 120, "profile": 120, "decode": 120, "big": 120},
+    jobs=3,
+)
+
+
+@dataclass
+class Part:
+    """One subprocess: ``done`` says its work is in (it is then stopped rather than waited for)."""
+
+    name: str
+    kind: str
+    argv: list[str]
+    limit_s: float
+    log: Path
+    done: object = None  # () -> bool
+    info: dict = field(default_factory=dict)
+    outcome: dict = field(default_factory=dict)
+
+
+# --- running parts ------------------------------------------------------------------------------------------------
+
+
+def kill_group(proc: subprocess.Popen, gentle: bool) -> None:
+    """Every process of the part's group: SIGTERM first when ``gentle`` (a time limit), then SIGKILL."""
+    if gentle and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def run_part(part: Part, env: dict) -> dict:
+    """Runs ``part`` to its end, its ``done`` or its limit; its outcome (rc, timed_out, stopped, wall_s)."""
+    if STOP.is_set():
+        part.outcome = {"rc": None, "timed_out": False, "stopped": False, "interrupted": True, "wall_s": 0.0}
+        return part.outcome
+    start = time.monotonic()
+    rc, timed_out, stopped = None, False, False
+    with open(part.log, "w") as log:
+        log.write("$ " + shlex.join(part.argv) + "\n")
+        log.flush()
+        proc = subprocess.Popen(
+            part.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        while rc is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rc = proc.wait(timeout=POLL_S)
+                break
+            if STOP.is_set():
+                break
+            if part.done is not None and part.done():
+                stopped = True
+                break
+            if time.monotonic() - start > part.limit_s:
+                timed_out = True
+                break
+    finally:
+        kill_group(proc, gentle=timed_out or STOP.is_set())
+    part.outcome = {
+        "rc": rc,
+        "timed_out": timed_out,
+        "stopped": stopped,
+        "interrupted": rc is None and not (timed_out or stopped),
+        "wall_s": round(time.monotonic() - start, 1),
+    }
+    print(f"  {part.name}: {describe_outcome(part.outcome)} ({part.outcome['wall_s']:.0f} s)", flush=True)
+    return part.outcome
+
+
+def describe_outcome(outcome: dict) -> str:
+    if outcome.get("stopped"):
+        return "done (stopped after its last step)"
+    if outcome.get("timed_out"):
+        return "TIMED OUT"
+    if outcome.get("interrupted"):
+        return "interrupted"
+    return "done" if outcome.get("rc") == 0 else f"FAILED (exit {outcome.get('rc')})"
+
+
+def part_ok(part: Part) -> bool:
+    return part.outcome.get("rc") == 0 or bool(part.outcome.get("stopped"))
+
+
+def run_parts(parts: list[Part], env: dict, jobs: int) -> None:
+    if not parts:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(run_part, part, env) for part in parts]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            STOP.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def failure(part: Part) -> str | None:
+    """Why a part failed: its outcome and the log's last error line (or last line)."""
+    if part_ok(part):
+        return None
+    lines = [x for x in part.log.read_text(errors="replace").splitlines() if x.strip()] if part.log.exists() else []
+    errors = [x for x in lines if re.search(r"Error|error:|Killed|Traceback", x)]
+    last = (errors or lines or [""])[-1].strip()
+    return f"{describe_outcome(part.outcome)}: {last[:300]}"
+
+
+# --- reading what the parts wrote ---------------------------------------------------------------------------------
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of ``path`` (a line being written is left out); [] when there is no file."""
+    rows = []
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows
+
+
+def logged_steps(metrics: Path) -> list[dict]:
+    return [r for r in read_jsonl(metrics) if "tokens_per_s" in r and "step" in r]
+
+
+def reached_step(metrics: Path, step: int):
+    return lambda: any(r["step"] >= step for r in logged_steps(metrics))
+
+
+def throughput(rows: list[dict], skip: int) -> dict:
+    """Tokens/s median and range, MFU median over the logged steps after ``skip``; the peak memory of all."""
+    if not rows:
+        return {"steps": 0}
+    measured = [r for r in rows if r["step"] > skip] or rows[-1:]
+    tps = [r["tokens_per_s"] for r in measured]
+    mfu = [r["mfu"] for r in measured if r.get("mfu") is not None]
+    return {
+        "steps": max(r["step"] for r in rows),
+        "measured_steps": [measured[0]["step"], measured[-1]["step"]],
+        "tokens_per_s_median": statistics.median(tps),
+        "tokens_per_s_min": min(tps),
+        "tokens_per_s_max": max(tps),
+        "step_time_s_median": statistics.median(r["step_time_s"] for r in measured),
+        "mfu_median": statistics.median(mfu) if mfu else None,
+        "peak_mem_gib": max(r["peak_mem_gib"] for r in rows),
+    }
+
+
+PLAN_LINES = {
+    "sharded": r"^memory per GPU\b.*?\btotal ([0-9.]+)",
+    "unsharded": r"^gradient accumulation\b.*?\btotal ([0-9.]+)",
+}
+
+
+def parse_plan(text: str) -> dict[str, float]:
+    """The dry run's totals (GiB): ``sharded`` (the "memory per GPU" line) and ``unsharded`` (its accumulation
+    line), those it printed."""
+    found = {}
+    for mode, pattern in PLAN_LINES.items():
+        match = re.search(pattern, text, re.M)
+        if match:
+            found[mode] = float(match.group(1))
+    return found
+
+
+def accumulation_of(log_text: str) -> str | None:
+    """The trainer's "FSDP gradients: unsharded|sharded" line; None when the model is not sharded (one CPU process)."""
+    match = re.search(r"^FSDP gradients: (unsharded|sharded)\b", log_text, re.M)
+    return match.group(1) if match else None
+
+
+def plan_against(plan: dict[str, float], accumulation: str | None, peak_gib: float | None, on_gpu: bool) -> dict:
+    total = plan.get(accumulation or "sharded")
+    row = {"plan": plan, "plan_accumulation": accumulation, "plan_total_gib": total, "plan_rel_error": None}
+    if total is None:
+        row["plan_note"] = "no total in the dry run's output"
+    elif not on_gpu:
+        row["plan_note"] = "on the CPU peak memory is the process's peak resident set, not the plan's GPU memory"
+    elif peak_gib:
+        row["plan_rel_error"] = (total - peak_gib) / peak_gib
+    return row
+
+
+def busy_time(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of the [start, end) intervals."""
+    busy, current = 0.0, None
+    for start, end in sorted(intervals):
+        if current is None or start > current[1]:
+            if current is not None:
+                busy += current[1] - current[0]
+            current = [start, end]
+        else:
+            current[1] = max(current[1], end)
+    return busy + (current[1] - current[0] if current else 0.0)
+
+
+def summarize_trace(trace: dict | list, top: int = 10) -> dict:
+    """A torch.profiler chrome trace (times in microseconds): the optimizer steps traced (distinct
+    ``ProfilerStep#N``), the GPU's busy share of the span from its first event's start to its last event's end
+    (the union of kernel, memcpy and memset intervals), kernels / copies / memsets / CUDA runtime and driver
+    calls in all and per step, the host's mean step time, and the ``top`` kernels by GPU time."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    complete = [e for e in events if e.get("ph") == "X" and "ts" in e]
+    step_events = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep#")]
+    steps = len({e["name"] for e in step_events})
+    host_steps = [e["dur"] for e in step_events if e.get("cat") == "user_annotation"]
+    gpu = [e for e in complete if e.get("cat") in GPU_EVENTS]
+    counts = {label: sum(e["cat"] == cat for e in gpu) for cat, label in GPU_EVENTS.items()}
+    counts["runtime_calls"] = sum(e.get("cat") in RUNTIME_EVENTS for e in complete)
+    summary = {"steps_traced": steps, **counts}
+    summary.update({f"{k}_per_step": (v / steps if steps else None) for k, v in counts.items()})
+    summary["host_step_ms"] = statistics.mean(host_steps) / 1e3 if host_steps else None
+    if not gpu:
+        return summary | {"busy_share": None, "top_kernels": [], "note": "no GPU events in the trace (a CPU run)"}
+    intervals = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in gpu]
+    span = max(end for _, end in intervals) - min(start for start, _ in intervals)
+    busy = busy_time(intervals)
+    by_name: dict[str, list] = {}
+    for e in gpu:
+        if e["cat"] == "kernel":
+            entry = by_name.setdefault(e["name"], [0.0, 0])
+            entry[0] += float(e.get("dur", 0))
+            entry[1] += 1
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
+    summary.update(
+        span_ms=span / 1e3,
+        busy_ms=busy / 1e3,
+        busy_share=busy / span if span > 0 else None,
+        gpu_ms={
+            label: sum(float(e.get("dur", 0)) for e in gpu if e["cat"] == cat) / 1e3
+            for cat, label in GPU_EVENTS.items()
+        },
+        top_kernels=[{"name": name[:160], "ms": ms / 1e3, "count": n} for name, (ms, n) in ranked],
+    )
+    return summary
+
+
+def decode_row(bench: dict) -> dict:
+    """A ladder-bench row: TPOT and the weights' read bandwidth, parameters x bytes per parameter / TPOT."""
+    from ladder_train.model import ModelArgs, count_params
+
+    args = ModelArgs(**bench["model_args"])
+    params = count_params(args)["total"]
+    weight_bytes = params * {"bfloat16": 2, "float16": 2, "float32": 4}.get(bench.get("dtype"), 2)
+    tpot_ms = bench["decode_ms_per_token"]
+    return {
+        "kind": "decode",
+        "layout": bench["layout"],
+        "model": bench["model"],
+        "n_layers": args.n_layers,
+        "batch": bench["batch"],
+        "compiled": bench.get("compiled"),
+        "dtype": bench.get("dtype"),
+        "prompt_len": bench.get("prompt_len"),
+        "gen_len": bench.get("gen_len"),
+        "tpot_ms": tpot_ms,
+        "tpot_sd_ms": bench.get("tpot_ms", {}).get("sd"),
+        "prefill_ms": bench.get("prefill_ms"),
+        "tokens_per_s": bench.get("tokens_per_s"),
+        "params": params,
+        "weight_bytes": weight_bytes,
+        "bandwidth_gb_s": weight_bytes / (tpot_ms / 1e3) / 1e9,
+        "bench_weight_bytes": bench.get("weight_bytes_per_rank"),
+        "compilations": bench.get("compilations"),
+        "device": bench.get("device"),
+    }
+
+
+# --- the machine --------------------------------------------------------------------------------------------------
+
+
+def unpack_wheels(wheels: list[Path], site: Path) -> None:
+    """Pure-Python wheels into ``site`` (a wheel is a zip of its import tree; ``*.data/purelib|platlib`` go to the
+    root, other ``.data`` is left out), each once; a site unpacked from other wheels is made again."""
+    unpacked = {p.name.removeprefix(".unpacked-") for p in site.glob(".unpacked-*")}
+    if unpacked - {w.name for w in wheels}:  # another set of wheels (another Python, other versions): start again
+        shutil.rmtree(site)
+    site.mkdir(parents=True, exist_ok=True)
+    for wheel in wheels:
+        marker = site / f".unpacked-{wheel.name}"
+        if marker.exists():
+            continue
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.infolist():
+                parts = Path(member.filename).parts
+                if member.is_dir() or not parts or Path(member.filename).is_absolute() or ".." in parts:
+                    continue
+                if parts[0].endswith(".data"):
+                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
+                        continue
+                    parts = parts[2:]
+                target = site.joinpath(*parts)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(archive.read(member))
+        marker.touch()
+
+
+def ensure_imports(gpu_dir: Path = GPU_DIR) -> Path | None:
+    """What the parts import, from ``gpu_dir``/whl (unpacked into ``gpu_dir``/site) when the machine lacks it; the
+    site folder the children need on their path, or None."""
+    missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    wheels = sorted((gpu_dir / "whl").glob("*.whl"))
+    site = gpu_dir / "site"
+    if wheels:
+        unpack_wheels(wheels, site)
+        sys.path.insert(0, str(site))
+        importlib.invalidate_caches()
+    still = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
+    if still:
+        raise SystemExit(
+            f"gpu_check: cannot import {', '.join(still)}: run `bash benchmarks/gpu_prepare.sh` on the development "
+            f"machine and bring {gpu_dir.name}/ (its whl/) along"
+        )
+    return site
+
+
+def child_env(site: Path | None, tiny: bool) -> dict:
+    env = dict(os.environ)
+    paths = [str(REPO)] + ([str(site)] if site else []) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env.update(
+        PYTHONPATH=os.pathsep.join(paths),
+        WANDB_MODE="disabled",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    if tiny:  # the CPU: every part in one thread, several parts at once
+        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    return env
+
+
+def nvidia_smi() -> dict:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    query = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"]
+    try:
+        done = subprocess.run([exe, *query], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    lines = [x for x in done.stdout.splitlines() if x.strip()]
+    if done.returncode != 0 or not lines:
+        return {}
+    name, driver, memory = (x.strip() for x in (lines[0].split(",") + ["", ""])[:3])
+    return {
+        "card": name,
+        "driver": driver,
+        "gpu_memory_mib": int(float(memory)) if memory else None,
+        "gpus": len(lines),
+    }
+
+
+def git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def environment(argv: list[str], started: datetime.datetime, tiny: bool) -> dict:
+    """Card, driver, torch, CUDA, dates, commit, command and host of this invocation (after the parts ran: asking
+    torch for the card makes a CUDA context)."""
+    import torch
+
+    from benchmarks.records import host
+
+    smi = {} if tiny else nvidia_smi()
+    card = smi.get("card") or (torch.cuda.get_device_name(0) if torch.cuda.is_available() and not tiny else None)
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "invocation": f"{started:%Y%m%dT%H%M%S}-{os.getpid()}",
+        "command": shlex.join(["python", "-m", "benchmarks.gpu_check", *argv]),
+        "date": started.date().isoformat(),
+        "started": started.isoformat(timespec="seconds"),
+        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "mode": "tiny" if tiny else "gpu",
+        "device": "cuda" if card else "cpu",
+        "card": card,
+        "driver": smi.get("driver"),
+        "gpu_memory_mib": smi.get("gpu_memory_mib"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "host": host(),
+    }
+
+
+# --- the parts ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What one invocation runs, and where."""
+
+    mode: Mode
+    work: Path
+    logs: Path
+    data: list[str]  # data.source / data.tokenizer overrides
+    args: argparse.Namespace
+
+    def train_argv(self, recipe: str, micro: int, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
+        """The trainer's command: each key once, ``extra`` (then the mode's) replacing the common settings."""
+        mode = self.mode
+        common = [
+            *self.data, f"train.global_batch_size={mode.global_batch}", f"train.micro_batch_size={micro}",
+            f"train.max_steps={steps}", "train.log_every=1", "train.schedule.warmup_steps=5",
+            f"parallel.compile={str(mode.compile).lower()}", "eval.at_end=false", "eval.val_every=0",
+            "checkpoint.every=0", "wandb.mode=disabled", f"run.dir={run_dir}", *mode.shrink, *extra,
+        ]  # fmt: skip
+        overrides = dict(x.split("=", 1) for x in common)
+        argv = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
+        return argv + [f"{key}={value}" for key, value in overrides.items()]
+
+    def training(self, name: str, kind: str, recipe: str, micro: int, steps: int, extra=()) -> Part:
+        run_dir = self.work / name
+        return Part(
+            name=name,
+            kind=kind,
+            argv=self.train_argv(recipe, micro, steps, run_dir, extra),
+            limit_s=self.mode.limits[kind],
+            log=self.logs / f"{name}.log",
+            done=reached_step(run_dir / "metrics.jsonl", steps),
+            info={"run_dir": run_dir, "micro_batch": micro, "recipe": recipe, "steps": steps},
+        )
+
+    def dry_run(self, part: Part) -> Part:
+        argv = [*part.argv, "--dry-run", "--simulate", "1x1"]
+        return Part(f"plan-{part.name}", "plan", argv, self.mode.limits["plan"], self.logs / f"plan-{part.name}.log")
+
+
+def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
+    """(the plans, the measured parts in order, plan of each measured part by name)."""
+    args, mode = plan.args, plan.mode
+    measured: list[Part] = []
+    for layout in args.layouts:
+        for micro in args.micro:
+            part = plan.training(f"train-{layout}-mb{micro}", "train", f"recipes/{layout}_1b.yaml", micro, args.steps)
+            part.info["layout"] = layout
+            measured.append(part)
+    if args.profile:
+        wait, warmup, active = mode.profile
+        steps = wait + warmup + active + 1  # the trace is written in step wait+warmup+active; one more, then stop
+        knobs = ("profile.enabled=true", f"profile.wait={wait}", f"profile.warmup={warmup}", f"profile.active={active}")
+        layout, micro = args.layouts[0], args.micro[0]
+        part = plan.training(f"profile-{layout}-mb{micro}", "profile", f"recipes/{layout}_1b.yaml", micro, steps, knobs)
+        part.info.update(layout=layout, profile=list(mode.profile))
+        measured.append(part)
+    bench_out = plan.work / "decode.jsonl"
+    decode_argv = [
+        sys.executable, "-m", "ladder_train.bench", *mode.decode, "--tp", "1", "--batch-sizes", "1",
+        "--set", f"n_layers={args.decode_layers}", *mode.decode_set, "--layouts", ",".join(args.layouts),
+        "--out", str(bench_out),
+    ]  # fmt: skip
+    measured.append(Part("decode", "decode", decode_argv, mode.limits["decode"], plan.logs / "decode.log"))
+    measured[-1].info["out"] = bench_out
+    if args.big:
+        steps = int(next(x for x in mode.big if x.startswith("train.max_steps=")).split("=")[1])
+        part = plan.training("big-ladder-mb1", "big", "recipes/ladder_3b.yaml", 1, steps, mode.big)
+        part.info["layout"] = "ladder"
+        measured.append(part)
+    plans = {p.name: plan.dry_run(p) for p in measured if p.kind in ("train", "big")}
+    return list(plans.values()), measured, plans
+
+
+def last_override(argv: list[str], key: str) -> str | None:
+    """The value of the last ``key=value`` in ``argv`` (the one the config keeps)."""
+    values = [x.split("=", 1)[1] for x in argv if x.startswith(key + "=")]
+    return values[-1] if values else None
+
+
+def training_row(part: Part, plan_part: Part | None, mode: Mode, on_gpu: bool) -> dict:
+    log_text = part.log.read_text(errors="replace") if part.log.exists() else ""
+    figures = throughput(logged_steps(part.info["run_dir"] / "metrics.jsonl"), 1 if part.kind == "big" else mode.skip)
+    row = {
+        "kind": part.kind,
+        "layout": part.info["layout"],
+        "recipe": part.info["recipe"],
+        "micro_batch": part.info["micro_batch"],
+        "global_batch": int(last_override(part.argv, "train.global_batch_size")),
+        "compiled": last_override(part.argv, "parallel.compile") == "true",
+        **figures,
+    }
+    plan_text = plan_part.log.read_text(errors="replace") if plan_part and plan_part.log.exists() else ""
+    row.update(plan_against(parse_plan(plan_text), accumulation_of(log_text), row.get("peak_mem_gib"), on_gpu))
+    row["error"] = failure(part) or (failure(plan_part) if plan_part else None)
+    row.update(part.outcome, command=shlex.join(["python", *part.argv[1:]]), log=part.log.name)
+    if plan_part:
+        row["plan_command"] = shlex.join(["python", *plan_part.argv[1:]])
+    return row
+
+
+def profile_row(part: Part, mode: Mode, keep_trace: bool) -> dict:
+    row = training_row(part, None, mode, on_gpu=False)
+    for key in ("plan", "plan_accumulation", "plan_total_gib", "plan_rel_error", "plan_note"):
+        row.pop(key, None)
+    row["profile"] = part.info["profile"]
+    traces = sorted((part.info["run_dir"] / "profile").glob("rank0_steps*.pt.trace.json"))
+    if not traces:
+        row["error"] = row["error"] or "no trace written (RUN_DIR/profile/rank0_steps*.pt.trace.json)"
+        return row
+    row["trace"] = traces[-1].name
+    row.update(summarize_trace(json.loads(traces[-1].read_text())))
+    if keep_trace:
+        kept = part.log.with_name(traces[-1].name + ".gz")
+        with open(traces[-1], "rb") as src, gzip.open(kept, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        row["trace_kept"] = kept.name
+    return row
+
+
+def decode_rows(part: Part) -> list[dict]:
+    rows = [decode_row(r) for r in read_jsonl(part.info["out"])] or [{"kind": "decode"}]
+    error = failure(part) or (None if "tpot_ms" in rows[0] else "no rows from ladder-bench")
+    for row in rows:
+        row.update(error=error, command=shlex.join(["python", *part.argv[1:]]), log=part.log.name, **part.outcome)
+    return rows
+
+
+# --- the table ----------------------------------------------------------------------------------------------------
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x, spec=",.0f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows: list[dict], env: dict) -> str:
+    head = (
+        f"gpu_check ({env['mode']}): {env['card'] or 'CPU: ' + env['host']['cpu_model']} | driver "
+        f"{env['driver'] or '-'} | torch {env['torch']} (CUDA {env['cuda'] or '-'}) | {env['date']} | commit "
+        f"{(env['git_commit'] or '-')[:10]}{' (dirty)' if env['git_dirty'] else ''}"
+    )
+    lines = [head, f"{'part':<8} {'layout':<9} {'mb':>3}  {'tokens/s median (range)':<27} {'MFU':>6} "
+             f"{'peak GiB':>9} {'plan GiB':>9} {'plan err':>8}"]  # fmt: skip
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['kind']:<8} {r.get('layout', '-'):<9} {r.get('micro_batch', '-')!s:>3}  {r['error']}")
+        elif r["kind"] in ("train", "big"):
+            tps = f"{_num(r.get('tokens_per_s_median'))} ({_num(r.get('tokens_per_s_min'))}-{_num(r.get('tokens_per_s_max'))})"
+            lines.append(
+                f"{r['kind']:<8} {r['layout']:<9} {r['micro_batch']:>3}  {tps:<27} {_pct(r.get('mfu_median')):>6} "
+                f"{_num(r.get('peak_mem_gib'), '.2f'):>9} {_num(r['plan_total_gib'], '.2f'):>9} {_pct(r['plan_rel_error']):>8}"
+            )
+        elif r["kind"] == "profile":
+            busy = (
+                f"GPU busy {_pct(r['busy_share'])} of {r['span_ms']:.1f} ms"
+                if r.get("busy_share") is not None
+                else r.get("note", "")
+            )
+            per = f"per step: {_num(r['kernels_per_step'])} kernels, {_num(r['copies_per_step'])} copies, "
+            per += f"{_num(r['memsets_per_step'])} memsets, {_num(r['runtime_calls_per_step'])} runtime calls"
+            host = f"host {_num(r.get('host_step_ms'))} ms a step"
+            lines.append(f"profile  {r['layout']:<9} {r['micro_batch']:>3}  {busy}; {host}; {per}")
+            lines += [f"{'':<24}{k['ms']:10.2f} ms {k['count']:6d}x  {k['name'][:90]}" for k in r["top_kernels"][:5]]
+        elif r["kind"] == "decode":
+            lines.append(
+                f"decode   {r['layout']:<9} {r['batch']:>3}  TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers, "
+                f"{r['weight_bytes'] / 1e6:,.1f} MB of weights): {r['bandwidth_gb_s']:,.1f} GB/s"
+            )
+    return "\n".join(lines)
+
+
+# --- the command --------------------------------------------------------------------------------------------------
+
+
+def names_list(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in LAYOUTS]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"layouts from {', '.join(LAYOUTS)}, comma-separated (got {text!r})")
+    return items
+
+
+def ints_list(text: str) -> list[int]:
+    try:
+        items = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise argparse.ArgumentTypeError(f"positive integers, comma-separated (got {text!r})")
+    return items
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder of gpu.jsonl (appended) and logs/")
+    p.add_argument("--layouts", type=names_list, default=list(LAYOUTS), help="default standard,parallel,ladder")
+    p.add_argument("--micro", type=ints_list, default=[2], help="micro-batch sizes, comma-separated (default 2)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20; --tiny 4)")
+    p.add_argument("--skip", type=int, default=None, help="first steps left out of the medians (default 5; --tiny 1)")
+    p.add_argument("--profile", action="store_true", help="one profiled run of the first layout and micro-batch")
+    p.add_argument("--decode-layers", type=int, default=None, help="layers of the decode slice (default 8; --tiny 2)")
+    p.add_argument("--big", action="store_true", help="the 3.5B ladder's peak memory at micro-batch 1")
+    p.add_argument("--tiny", action="store_true", help="every part on the CPU with a tiny model (a check of this tool)")
+    p.add_argument("--tokens", default=None, help="the token folder (default .gpu/tokens; --tiny: FineWeb text)")
+    p.add_argument("--tokenizer", default=None, help="its tokenizer (default .gpu/tokenizer.json; --tiny: byte)")
+    p.add_argument("--keep-trace", action="store_true", help="keep the profiled run's trace (gzipped) beside the logs")
+    args = p.parse_args(argv)
+    mode = TINY if args.tiny else GPU
+    args.steps = args.steps or (4 if args.tiny else 20)
+    args.skip = mode.skip if args.skip is None else args.skip
+    args.decode_layers = args.decode_layers or (2 if args.tiny else 8)
+    if args.skip >= args.steps:
+        p.error(f"--skip {args.skip} leaves no step of --steps {args.steps} to measure")
+    if any(mode.global_batch % m for m in args.micro):
+        p.error(f"every --micro must divide the global batch of {mode.global_batch} sequences")
+    return args
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """data.source / data.tokenizer (and the byte tokenizer's vocabulary) of every training run."""
+    if args.tiny:
+        fineweb = SHARED / "data" / "fineweb"
+        source = args.tokens or (str(fineweb) if fineweb.is_dir() else "python-stdlib")
+        tokenizer = args.tokenizer or "byte"
+        return [f"data.source={source}", f"data.tokenizer={tokenizer}"] + (
+            ["model.vocab_size=257"] if tokenizer == "byte" else []
+        )
+    tokens = Path(args.tokens) if args.tokens else GPU_DIR / "tokens"
+    tokenizer = Path(args.tokenizer) if args.tokenizer else GPU_DIR / "tokenizer.json"
+    if not (tokens / "ladder_tokens.json").is_file() or not tokenizer.is_file():
+        raise SystemExit(
+            f"gpu_check: no token folder at {tokens} or no tokenizer at {tokenizer}: run `bash "
+            "benchmarks/gpu_prepare.sh` on the development machine and bring .gpu/ along"
+        )
+    return [f"data.source={tokens.resolve()}", f"data.tokenizer={tokenizer.resolve()}"]
+
+
+def work_folder(tiny: bool) -> Path:
+    """Run folders: /dev/shm when it has room (a stopped 1.2B run may have begun its save), else the temp dir."""
+    shm = Path("/dev/shm")
+    usable = not tiny and shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 32 * 2**30
+    return Path(tempfile.mkdtemp(prefix="gpu_check_", dir=shm if usable else None))
+
+
+def collect(plan: Plan, measured: list[Part], plans: dict[str, Part], on_gpu: bool) -> list[dict]:
+    rows = []
+    for part in measured:
+        if part.kind in ("train", "big"):
+            rows.append(training_row(part, plans.get(part.name), plan.mode, on_gpu))
+        elif part.kind == "profile":
+            rows.append(profile_row(part, plan.mode, plan.args.keep_trace))
+        else:
+            rows += decode_rows(part)
+    return rows
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    started = datetime.datetime.now(datetime.UTC)
+    site = ensure_imports()
+    mode = TINY if args.tiny else GPU
+    if not args.tiny:
+        import torch  # no CUDA context: is_available asks the driver only
+
+        if not torch.cuda.is_available():
+            raise SystemExit("gpu_check: no CUDA device here; --tiny runs the same parts on the CPU")
+    data = data_overrides(args)
+    invocation = f"{started:%Y%m%dT%H%M%S}-{os.getpid()}"
+    logs = args.out / "logs" / invocation
+    logs.mkdir(parents=True, exist_ok=True)
+    work = work_folder(args.tiny)
+    plan = Plan(mode, work, logs, data, args)
+    plan_parts, measured, plans = build_parts(plan)
+    env = child_env(site, args.tiny)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        print(
+            f"gpu_check ({mode.name}): {len(plan_parts)} plans, then {len(measured)} parts; logs in {logs}", flush=True
+        )
+        if mode.jobs > 1:
+            run_parts(plan_parts + measured, env, mode.jobs)
+        else:
+            run_parts(plan_parts, env, min(8, os.cpu_count() or 1))
+            run_parts(measured, env, 1)
+        rows = collect(plan, measured, plans, on_gpu=not args.tiny)
+    except KeyboardInterrupt:
+        print(f"gpu_check: interrupted; every part's processes stopped, nothing written (logs in {logs})", flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(work, ignore_errors=True)
+    return finish(rows, argv, started, args)
+
+
+def finish(rows: list[dict], argv: list[str], started: datetime.datetime, args: argparse.Namespace) -> int:
+    from benchmarks.records import append_rows
+
+    env = environment(argv, started, args.tiny)
+    for row in rows:
+        row["env"] = env
+    append_rows(args.out / "gpu.jsonl", rows)
+    print(table(rows, env))
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

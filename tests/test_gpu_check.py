@@ -1,0 +1,341 @@
+"""benchmarks/gpu_check.py: the trace summary on a hand-made chrome trace, the plan and metrics readers, the commands
+it would run on a GPU, wheels unpacked for a bare machine, the parts' process groups killed, and ``--tiny`` end to
+end on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import gpu_check as check
+from ladder_train.model import PRESETS, ModelArgs, count_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def event(cat: str, name: str, ts: float, dur: float, ph: str = "X") -> dict:
+    return {"ph": ph, "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 0}
+
+
+def handmade_trace() -> dict:
+    """Two optimizer steps; GPU work 10-25 (two overlapping kernels), 30-36 (a copy and a memset overlapping),
+    40-46 (a kernel with a shorter one inside): busy 15 + 6 + 6 = 27 of the span 10-46 = 36 us."""
+    return {
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "python"}},
+            event("user_annotation", "ProfilerStep#7", 0, 30),
+            event("user_annotation", "ProfilerStep#8", 30, 20),
+            event("gpu_user_annotation", "ProfilerStep#7", 2, 30),  # the same steps on the GPU's timeline: not work
+            event("gpu_user_annotation", "ProfilerStep#8", 32, 20),
+            event("cpu_op", "aten::mm", 1, 5),
+            *[event("cuda_runtime", "cudaLaunchKernel", t, 1) for t in (1, 3, 5)],
+            event("cuda_driver", "cuLaunchKernel", 7, 1),
+            event("kernel", "gemm", 10, 10),
+            event("kernel", "elementwise", 15, 10),
+            event("gpu_memcpy", "Memcpy DtoD (Device -> Device)", 30, 4),
+            event("gpu_memset", "Memset (Device)", 33, 3),
+            event("kernel", "gemm", 40, 6),
+            event("kernel", "tiny", 41, 2),
+            event("kernel", "a flow arrow, not an interval", 0, 100, ph="f"),
+        ]
+    }
+
+
+def test_trace_summary_of_a_handmade_trace():
+    s = check.summarize_trace(handmade_trace(), top=2)
+    assert s["steps_traced"] == 2
+    assert (s["kernels"], s["copies"], s["memsets"], s["runtime_calls"]) == (4, 1, 1, 4)
+    assert (s["kernels_per_step"], s["copies_per_step"], s["memsets_per_step"]) == (2.0, 0.5, 0.5)
+    assert s["runtime_calls_per_step"] == 2.0
+    assert s["span_ms"] == pytest.approx(0.036) and s["busy_ms"] == pytest.approx(0.027)
+    assert s["busy_share"] == pytest.approx(0.75)
+    assert s["host_step_ms"] == pytest.approx(0.025)  # the CPU's ProfilerStep events, 30 and 20 us
+    assert s["gpu_ms"] == pytest.approx({"kernels": 0.028, "copies": 0.004, "memsets": 0.003})
+    assert s["top_kernels"] == [
+        {"name": "gemm", "ms": pytest.approx(0.016), "count": 2},
+        {"name": "elementwise", "ms": pytest.approx(0.010), "count": 1},
+    ]
+
+
+def test_trace_summary_without_gpu_events_has_no_busy_share():
+    cpu_only = [e for e in handmade_trace()["traceEvents"] if e.get("cat") not in check.GPU_EVENTS]
+    s = check.summarize_trace(cpu_only)
+    assert s["busy_share"] is None and "no GPU events" in s["note"]
+    assert (s["steps_traced"], s["kernels"], s["kernels_per_step"], s["top_kernels"]) == (2, 0, 0.0, [])
+
+
+def test_busy_time_is_the_union_of_intervals():
+    assert check.busy_time([]) == 0.0
+    assert check.busy_time([(0, 10), (10, 20)]) == 20  # touching
+    assert check.busy_time([(7, 9), (0, 5), (1, 2)]) == 7  # unsorted, nested
+    assert check.busy_time([(0, 10), (2, 4), (3, 12), (20, 21)]) == 13
+
+
+@pytest.mark.slow  # not a process, but ~15 s: reads the whole 1.2B trace
+def test_trace_summary_of_the_h100_trace_agrees_with_the_hand_measurement(shared_dir):
+    import gzip
+
+    path = shared_dir / "gpu" / "2026-11-26" / "trace_1.2B_standard_mb2_compiled_steps8-10.json.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    s = check.summarize_trace(json.load(gzip.open(path)))
+    # ../shared/gpu/README.md: busy 38.4 % of the traced span; per optimizer step ~23,100 kernels, ~6,400 copies,
+    # ~1,700 memsets; nvjet 192x128 NNT the kernel with the most time (252.89 ms, 5,784 calls)
+    assert s["steps_traced"] == 3 and round(100 * s["busy_share"], 1) == 38.4
+    assert round(s["kernels_per_step"], -2) == 23100 and round(s["copies_per_step"], -2) == 6400
+    assert round(s["memsets_per_step"], -2) == 1700
+    assert s["top_kernels"][0]["name"].startswith("nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_NNT")
+    assert s["top_kernels"][0]["count"] == 5784 and s["top_kernels"][0]["ms"] == pytest.approx(252.89, abs=0.01)
+
+
+DRY_RUN = """dry run: standard_1b | 1 nodes x 1 GPUs = 1 processes
+mesh (1, 1) (dp_replicate, dp_shard): FSDP
+memory per GPU (GiB): params+grads+adam 18.00 (16 B x 1,208,083,968) | gathered params 0.25 | activations 7.97 \
+(checkpointing: none) | logits 1.50 | total 27.72
+gradient accumulation over 8 micro-batches: unsharded (one gather and one reduction per step) adds 6.50 GiB, total \
+34.22 (parallel.accumulate=auto; auto keeps it where the device holds the total)
+on a 80 GiB GPU, unsharded: the largest micro-batch that fits 90 % of it is 8 (plan 62.63 GiB)
+"""
+
+
+def test_the_plan_totals_and_the_accumulation_the_run_used():
+    assert check.parse_plan(DRY_RUN) == {"sharded": 27.72, "unsharded": 34.22}
+    assert check.parse_plan("Traceback ...\nValueError: no") == {}
+    assert check.accumulation_of("mesh (1, 1)\nFSDP gradients: unsharded (one gather and one reduction per step)") == (
+        "unsharded"
+    )
+    assert check.accumulation_of("FSDP gradients: sharded (per micro-batch; auto: ...)\nstep 1") == "sharded"
+    assert check.accumulation_of("mesh (1, 1) | 1 processes on cpu") is None
+    plan = check.parse_plan(DRY_RUN)
+    unsharded = check.plan_against(plan, "unsharded", 31.0, on_gpu=True)
+    assert unsharded["plan_total_gib"] == 34.22 and unsharded["plan_rel_error"] == pytest.approx(3.22 / 31)
+    assert check.plan_against(plan, None, 28.84, on_gpu=True)["plan_rel_error"] == pytest.approx(
+        (27.72 - 28.84) / 28.84
+    )
+    on_cpu = check.plan_against(plan, None, 0.4, on_gpu=False)
+    assert on_cpu["plan_total_gib"] == 27.72 and on_cpu["plan_rel_error"] is None and "CPU" in on_cpu["plan_note"]
+    assert check.plan_against({}, None, 1.0, on_gpu=True)["plan_total_gib"] is None
+
+
+def test_throughput_after_the_warm_up_steps(tmp_path):
+    tps = [100, 500, 300, 400, 200, 600]
+    mfu = [0.1, 0.5, None, 0.4, 0.2, 0.3]
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": i + 1, "tokens_per_s": t, "mfu": m, "peak_mem_gib": 20 + i, "step_time_s": 1 / t}
+        for i, (t, m) in enumerate(zip(tps, mfu, strict=True))
+    ]
+    metrics.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 7, "tokens_p')  # a line being written
+    assert check.reached_step(metrics, 6)() and not check.reached_step(metrics, 7)()
+    figures = check.throughput(check.logged_steps(metrics), skip=2)
+    assert figures["steps"] == 6 and figures["measured_steps"] == [3, 6]
+    assert (figures["tokens_per_s_median"], figures["tokens_per_s_min"], figures["tokens_per_s_max"]) == (350, 200, 600)
+    assert figures["mfu_median"] == pytest.approx(0.3)  # of 0.4, 0.2, 0.3 (step 3 has none)
+    assert figures["peak_mem_gib"] == 25
+    assert check.throughput([], skip=2) == {"steps": 0}
+
+
+def test_decode_bandwidth_from_the_parameter_count(shared_dir):
+    path = shared_dir / "gpu" / "2026-11-26" / "bench_tp1_8layers.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    bench = [json.loads(x) for x in path.read_text().splitlines()]
+    for b in bench:
+        row = check.decode_row(b)
+        assert row["n_layers"] == 8 and row["params"] == 302_016_000  # 8 blocks and the tied 49,152 x 1,536 embedding
+        assert row["weight_bytes"] == 2 * row["params"] == b["weight_bytes_per_rank"]  # bf16
+        assert row["bandwidth_gb_s"] == pytest.approx(b["decode_weight_read_gb_s"])
+    standard = check.decode_row(next(b for b in bench if b["layout"] == "standard"))
+    assert standard["tpot_ms"] == pytest.approx(0.596, abs=5e-4) and round(standard["bandwidth_gb_s"]) == 1013
+
+
+def test_the_commands_a_gpu_run_would_run(tmp_path):
+    args = check.parse_args(["--out", str(tmp_path), "--micro", "2,4", "--profile", "--big"])
+    plan = check.Plan(
+        check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T", "data.tokenizer=/K.json"], args
+    )
+    plans, measured, by_name = check.build_parts(plan)
+    names = [p.name for p in measured]
+    assert names == [
+        *(f"train-{layout}-mb{mb}" for layout in check.LAYOUTS for mb in (2, 4)),
+        "profile-standard-mb2",
+        "decode",
+        "big-ladder-mb1",
+    ]
+    assert sorted(p.name for p in plans) == sorted(f"plan-{n}" for n in names if n.startswith(("train", "big")))
+    ladder4 = measured[names.index("train-ladder-mb4")].argv
+    assert ladder4[:5] == [sys.executable, "-m", "ladder_train.train", "--config", "recipes/ladder_1b.yaml"]
+    wanted = ["data.source=/T", "data.tokenizer=/K.json", "train.global_batch_size=16", "train.micro_batch_size=4"]
+    wanted += ["train.max_steps=20", "parallel.compile=true", "eval.at_end=false", "checkpoint.every=0"]
+    wanted += ["wandb.mode=disabled", f"run.dir={tmp_path / 'work' / 'train-ladder-mb4'}"]
+    assert set(wanted) <= set(ladder4)
+    assert by_name["train-ladder-mb4"].argv == [*ladder4, "--dry-run", "--simulate", "1x1"]
+    profile = measured[names.index("profile-standard-mb2")].argv
+    assert {"profile.enabled=true", "profile.wait=5", "profile.warmup=2", "profile.active=3"} <= set(profile)
+    assert "train.max_steps=11" in profile
+    decode = " ".join(measured[names.index("decode")].argv)
+    assert "-m ladder_train.bench --model 1.2B --compile on" in decode and "--set n_layers=8" in decode
+    assert "--tp 1" in decode and "--layouts standard,parallel,ladder" in decode
+    big = measured[-1].argv
+    assert big[4] == "recipes/ladder_3b.yaml"
+    keys = [x.split("=")[0] for x in big[5:]]
+    assert len(keys) == len(set(keys))  # every setting once: the big run's replace the common ones
+    assert {"train.global_batch_size=4", "train.micro_batch_size=1", "parallel.compile=false"} <= set(big)
+    assert "train.max_steps=4" in big
+    for part in measured:
+        if "--config" in part.argv:
+            assert (REPO / part.argv[part.argv.index("--config") + 1]).is_file()
+    for bad in (["--micro", "3"], ["--layouts", "standard,wide"], ["--steps", "5", "--skip", "5"]):
+        with pytest.raises(SystemExit):
+            check.parse_args(["--out", str(tmp_path), *bad])
+
+
+def make_wheel(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    wheel = folder / "demo_gpu_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("demo_gpu_pkg/__init__.py", "VALUE = 7\n")
+        z.writestr("demo_gpu_pkg-1.0.dist-info/METADATA", "Name: demo-gpu-pkg\nVersion: 1.0\n")
+        z.writestr("demo_gpu_pkg-1.0.data/purelib/demo_gpu_extra.py", "EXTRA = 1\n")
+        z.writestr("demo_gpu_pkg-1.0.data/scripts/demo", "#!/bin/sh\n")
+        z.writestr("../outside.py", "")
+    return wheel
+
+
+def test_wheels_are_unpacked_for_a_machine_that_lacks_the_package(tmp_path, monkeypatch):
+    gpu_dir = tmp_path / ".gpu"
+    make_wheel(gpu_dir / "whl")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(check, "NEEDED_MODULES", ("json", "demo_gpu_pkg"))
+    site = check.ensure_imports(gpu_dir)
+    assert site == gpu_dir / "site" and str(site) == sys.path[0]
+    assert (site / "demo_gpu_pkg" / "__init__.py").read_text() == "VALUE = 7\n"
+    assert (site / "demo_gpu_extra.py").is_file() and (site / "demo_gpu_pkg-1.0.dist-info" / "METADATA").is_file()
+    assert not (site / "demo").exists() and not (tmp_path / ".gpu" / "outside.py").exists()
+    assert check.ensure_imports(gpu_dir) is None  # now importable: nothing to do
+    monkeypatch.setattr(check, "NEEDED_MODULES", ("demo_gpu_pkg_absent",))
+    with pytest.raises(SystemExit, match="demo_gpu_pkg_absent.*gpu_prepare.sh"):
+        check.ensure_imports(gpu_dir)
+    env = check.child_env(site, tiny=True)
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO), str(site)] and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.slow
+def test_a_part_is_killed_with_its_children_at_its_limit_or_when_its_work_is_in(tmp_path):
+    pids = tmp_path / "pids"
+    code = (
+        "import os, subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(120)"
+    )
+    env = check.child_env(None, tiny=True)
+    part = check.Part("sleeper", "train", [sys.executable, "-c", code], 3, tmp_path / "sleeper.log")
+    start = time.monotonic()
+    outcome = check.run_part(part, env)
+    assert outcome["timed_out"] and not outcome["stopped"] and outcome["rc"] is None and not check.part_ok(part)
+    assert time.monotonic() - start < 30 and "TIMED OUT" in check.failure(part)
+    parent, child = (int(x) for x in pids.read_text().split())
+    deadline = time.monotonic() + 10
+    while (alive(parent) or alive(child)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(parent) and not alive(child)
+
+    pids.unlink()
+    part = check.Part("stopped", "train", [sys.executable, "-c", code], 60, tmp_path / "stopped.log", done=pids.exists)
+    outcome = check.run_part(part, env)
+    assert outcome["stopped"] and not outcome["timed_out"] and check.part_ok(part) and outcome["wall_s"] < 30
+    parent, child = (int(x) for x in pids.read_text().split())
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(child)
+
+
+def tiny_token_folder(tmp_path: Path) -> Path:
+    """A byte-tokenized token folder of 300 made-up documents (~200k tokens), made in this process."""
+    from ladder_train.cli.data import run as ladder_data
+
+    words = "the court held that a state law on appeal was void because federal rules apply here".split()
+    source = tmp_path / "docs"
+    source.mkdir()
+    with open(source / "train.jsonl", "w") as f:
+        for i in range(300):
+            f.write(json.dumps({"text": " ".join(words[(i * 7 + j) % len(words)] for j in range(120))}) + "\n")
+    assert ladder_data(["prepare", str(source), str(tmp_path / "tokens"), "--tokenizer", "byte"]) == 0
+    return tmp_path / "tokens"
+
+
+@pytest.mark.slow
+def test_tiny_runs_every_part_on_the_cpu(tmp_path):
+    tokens = tiny_token_folder(tmp_path)
+    out = tmp_path / "out"
+    temp_before = set(Path(tempfile.gettempdir()).glob("gpu_check_*"))
+    argv = [sys.executable, "-m", "benchmarks.gpu_check", "--tiny", "--profile", "--out", str(out)]
+    argv += ["--tokens", str(tokens), "--tokenizer", "byte"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [json.loads(x) for x in (out / "gpu.jsonl").read_text().splitlines()]
+    assert [r["kind"] for r in rows] == ["train"] * 3 + ["profile"] + ["decode"] * 3
+    assert all(r["error"] is None and not r["timed_out"] for r in rows)
+
+    train = rows[:3]
+    assert [r["layout"] for r in train] == list(check.LAYOUTS)
+    for r in train:
+        assert (r["micro_batch"], r["global_batch"], r["compiled"], r["steps"]) == (2, 4, False, 4)
+        assert r["measured_steps"] == [2, 4]
+        assert 0 < r["tokens_per_s_min"] <= r["tokens_per_s_median"] <= r["tokens_per_s_max"]
+        assert r["mfu_median"] is None and r["peak_mem_gib"] > 0  # the CPU: no bf16 peak, the resident set
+        assert set(r["plan"]) == {"sharded", "unsharded"} and r["plan_total_gib"] == r["plan"]["sharded"] >= 0
+        assert r["plan_accumulation"] is None and r["plan_rel_error"] is None and "CPU" in r["plan_note"]
+        assert r["command"].startswith(f"python -m ladder_train.train --config recipes/{r['layout']}_1b.yaml")
+        assert r["plan_command"].endswith("--dry-run --simulate 1x1")
+
+    profile = rows[3]
+    assert (profile["layout"], profile["micro_batch"], profile["profile"]) == ("standard", 2, [1, 1, 3])
+    assert profile["trace"] == "rank0_steps3-5.pt.trace.json" and profile["steps_traced"] == 3
+    assert profile["busy_share"] is None and "no GPU events" in profile["note"]
+    assert profile["kernels"] == profile["copies"] == 0 and profile["host_step_ms"] > 0
+
+    for r, layout in zip(rows[4:], check.LAYOUTS, strict=True):
+        args = ModelArgs(**{**PRESETS["tiny"], "vocab_size": 257, "n_layers": 2, "residual": layout})
+        assert (r["layout"], r["batch"], r["n_layers"], r["compiled"]) == (layout, 1, 2, False)
+        assert r["params"] == count_params(args)["total"]
+        assert r["weight_bytes"] == 4 * r["params"] == r["bench_weight_bytes"]  # fp32 on the CPU
+        assert r["tpot_ms"] > 0 and r["bandwidth_gb_s"] == pytest.approx(r["weight_bytes"] / r["tpot_ms"] / 1e6)
+
+    env = rows[0]["env"]
+    assert all(r["env"] == env for r in rows)
+    assert env["mode"] == "tiny" and env["device"] == "cpu" and env["card"] is None and env["driver"] is None
+    assert env["torch"] == torch.__version__ and "cuda" in env and env["host"]["cpu_model"]
+    assert env["started"].startswith(env["date"]) and "--tiny" in env["command"]
+    assert env["git_commit"] is None or len(env["git_commit"]) == 40
+    logs = out / "logs" / env["invocation"]
+    assert {"train-ladder-mb2.log", "plan-train-ladder-mb2.log", "profile-standard-mb2.log", "decode.log"} <= {
+        p.name for p in logs.iterdir()
+    }
+    assert "gpu_check (tiny): CPU: " in done.stdout and "train    standard    2  " in done.stdout  # the table
+    assert set(Path(tempfile.gettempdir()).glob("gpu_check_*")) == temp_before  # run folders removed
+    leftovers = [p for p in Path("/proc").glob("[0-9]*") if str(tokens) in _cmdline(p)]
+    assert leftovers == []  # no part's process outlived it
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
