@@ -124,8 +124,14 @@ def test_pickled_payloads_are_refused_without_running(smoke_run, tmp_path, expor
         assert "weights_only" not in line and "trusted" not in line  # never advice to turn the check off
         assert line.endswith("; the previous complete checkpoint is none")
 
-    # resume: the rank entry (read last, after the weights) is refused too
-    shutil.copytree(tmp_path / "rank_bytes" / "checkpoints" / "step-4", run_dir / "checkpoints" / "step-6")
+    # resume: the rank entry (read last, after the weights) is refused too. The crafted checkpoint's trainer entry
+    # says step 6 as its folder does (a step that disagrees with its folder is refused before anything is read).
+    from ladder_train.checkpoint.safe_load import pack_json, read_trainer_state
+
+    resumed = run_dir / "checkpoints" / "step-6"
+    trainer = pack_json({**read_trainer_state(good), "step": 6})
+    rewrite(good, resumed, rank0=io.BytesIO(inner.getvalue()), trainer=trainer)
+    add_manifest(resumed)
     result = train(run_dir, "train.max_steps=8")
     assert not marker.exists()
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
