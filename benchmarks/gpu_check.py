@@ -3,7 +3,7 @@ memory per layout and micro-batch against the ``--dry-run`` plan, a profiled ste
 
     bash benchmarks/gpu_prepare.sh        # on the development machine, from the root: .gpu/ (tokens, tokenizer, wheels)
     python -m benchmarks.gpu_check --out docs/results/gpu [--layouts standard,parallel,ladder] [--micro 2,4]
-        [--steps 20] [--profile] [--decode-layers 8] [--big] [--keep-trace]
+        [--steps 20] [--profile] [--decode-layers 8] [--big] [--keep-trace] [--set KEY=VALUE ...]
     python -m benchmarks.gpu_check --tiny --out /tmp/gpu-tiny    # the same parts on the CPU with a tiny model
 
 Each part is a subprocess in its own process group with a time limit; the group is killed when the part ends, stops
@@ -543,11 +543,22 @@ class Plan:
         """The trainer's command: each key once, ``extra`` (then the mode's) replacing the common settings."""
         mode = self.mode
         common = [
-            *self.data, f"train.global_batch_size={mode.global_batch}", f"train.micro_batch_size={micro}",
-            f"train.max_steps={steps}", "train.log_every=1", "train.schedule.warmup_steps=5",
-            f"parallel.compile={str(mode.compile).lower()}", "eval.at_end=false", "eval.val_every=0",
-            "checkpoint.every=0", "wandb.mode=disabled", f"run.dir={run_dir}", *mode.shrink, *extra,
-        ]  # fmt: skip
+            *self.data,
+            f"train.global_batch_size={mode.global_batch}",
+            f"train.micro_batch_size={micro}",
+            f"train.max_steps={steps}",
+            "train.log_every=1",
+            "train.schedule.warmup_steps=5",
+            f"parallel.compile={str(mode.compile).lower()}",
+            "eval.at_end=false",
+            "eval.val_every=0",
+            "checkpoint.every=0",
+            "wandb.mode=disabled",
+            f"run.dir={run_dir}",
+            *mode.shrink,
+            *self.args.set,
+            *extra,
+        ]
         overrides = dict(x.split("=", 1) for x in common)
         argv = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
         return argv + [f"{key}={value}" for key, value in overrides.items()]
@@ -588,10 +599,22 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
         measured.append(part)
     bench_out = plan.work / "decode.jsonl"
     decode_argv = [
-        sys.executable, "-m", "ladder_train.bench", *mode.decode, "--tp", "1", "--batch-sizes", "1",
-        "--set", f"n_layers={args.decode_layers}", *mode.decode_set, "--layouts", ",".join(args.layouts),
-        "--out", str(bench_out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ladder_train.bench",
+        *mode.decode,
+        "--tp",
+        "1",
+        "--batch-sizes",
+        "1",
+        "--set",
+        f"n_layers={args.decode_layers}",
+        *mode.decode_set,
+        "--layouts",
+        ",".join(args.layouts),
+        "--out",
+        str(bench_out),
+    ]
     measured.append(Part("decode", "decode", decode_argv, mode.limits["decode"], plan.logs / "decode.log"))
     measured[-1].info["out"] = bench_out
     if args.big:
@@ -674,8 +697,9 @@ def table(rows: list[dict], env: dict) -> str:
         f"{env['driver'] or '-'} | torch {env['torch']} (CUDA {env['cuda'] or '-'}) | {env['date']} | commit "
         f"{(env['git_commit'] or '-')[:10]}{' (dirty)' if env['git_dirty'] else ''}"
     )
-    lines = [head, f"{'part':<8} {'layout':<9} {'mb':>3}  {'tokens/s median (range)':<27} {'MFU':>6} "
-             f"{'peak GiB':>9} {'plan GiB':>9} {'plan err':>8}"]  # fmt: skip
+    columns = f"{'part':<8} {'layout':<9} {'mb':>3}  {'tokens/s median (range)':<27} {'MFU':>6} "
+    columns += f"{'peak GiB':>9} {'plan GiB':>9} {'plan err':>8}"
+    lines = [head, columns]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['kind']:<8} {r.get('layout', '-'):<9} {r.get('micro_batch', '-')!s:>3}  {r['error']}")
@@ -739,6 +763,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--tokens", default=None, help="the token folder (default .gpu/tokens; --tiny: FineWeb text)")
     p.add_argument("--tokenizer", default=None, help="its tokenizer (default .gpu/tokenizer.json; --tiny: byte)")
     p.add_argument("--keep-trace", action="store_true", help="keep the profiled run's trace (gzipped) beside the logs")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        type=config_override,
+        metavar="KEY=VALUE",
+        help="a config override of every training run and plan (repeatable), e.g. parallel.accumulate=sharded",
+    )
     args = p.parse_args(argv)
     mode = TINY if args.tiny else GPU
     args.steps = args.steps or (4 if args.tiny else 20)
@@ -749,6 +781,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if any(mode.global_batch % m for m in args.micro):
         p.error(f"every --micro must divide the global batch of {mode.global_batch} sequences")
     return args
+
+
+def config_override(text: str) -> str:
+    if "=" not in text or not text.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
 
 
 def data_overrides(args: argparse.Namespace) -> list[str]:

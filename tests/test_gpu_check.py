@@ -192,7 +192,13 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     for part in measured:
         if "--config" in part.argv:
             assert (REPO / part.argv[part.argv.index("--config") + 1]).is_file()
-    for bad in (["--micro", "3"], ["--layouts", "standard,wide"], ["--steps", "5", "--skip", "5"]):
+    # --set reaches every training run and plan (a before/after of one setting in two invocations)
+    args = check.parse_args(["--out", str(tmp_path), "--set", "parallel.accumulate=sharded"])
+    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    _, measured, by_name = check.build_parts(plan)
+    assert all("parallel.accumulate=sharded" in p.argv for p in measured if p.kind == "train")
+    assert all("parallel.accumulate=sharded" in p.argv for p in by_name.values())
+    for bad in (["--micro", "3"], ["--layouts", "standard,wide"], ["--steps", "5", "--skip", "5"], ["--set", "x"]):
         with pytest.raises(SystemExit):
             check.parse_args(["--out", str(tmp_path), *bad])
 
