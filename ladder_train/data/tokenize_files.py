@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -189,18 +190,32 @@ def _run_tasks(tasks: list[tuple], workers: int, assembler: _Assembler, desc: st
         with pool:  # its exit terminates the workers, also on Ctrl-C or an error
             results = pool.imap(_tokenize_shard, tasks)
             done = 0
-            while done < len(tasks):
-                try:
-                    result = results.next(timeout=1.0)
-                except mp.TimeoutError:
-                    pass
-                else:
-                    assembler.append(tasks[done][1], result[2])
-                    done += 1
-                    bar.update(1)
-                _postfix(bar, counters[0].value, counters[1].value)
+            try:
+                while done < len(tasks):
+                    try:
+                        result = results.next(timeout=1.0)
+                    except mp.TimeoutError:
+                        pass
+                    else:
+                        assembler.append(tasks[done][1], result[2])
+                        done += 1
+                        bar.update(1)
+                    _postfix(bar, counters[0].value, counters[1].value)
+            except KeyboardInterrupt:
+                # multiprocessing's fd-sharing thread reports a worker killed while it fetched its shared counters
+                # through sys.excepthook: after Ctrl-C that is expected, not a traceback for the user
+                sys.excepthook = _quiet_lost_workers(sys.excepthook)
+                raise
     finally:
         bar.close()
+
+
+def _quiet_lost_workers(hook):
+    def report(kind, value, traceback):
+        if not issubclass(kind, (ConnectionResetError, BrokenPipeError, EOFError)):
+            hook(kind, value, traceback)
+
+    return report
 
 
 def prepare(
