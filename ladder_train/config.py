@@ -380,7 +380,9 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def model_args(model: ModelConfig) -> ModelArgs:
     """The ModelArgs the Transformer is built from: every field of ``model`` but the preset."""
-    return ModelArgs(**{f.name: getattr(model, f.name) for f in dataclasses.fields(ModelArgs)})
+    fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(ModelArgs)}
+    # lists and mappings (desync_pattern, rope_scaling) as plain Python values: they go into JSON and checkpoints
+    return ModelArgs(**{k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in fields.items()})
 
 
 __all__ = [

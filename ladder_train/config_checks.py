@@ -11,6 +11,7 @@ from dataclasses import field
 
 from .errors import ConfigError
 from .folders import TOKEN_FOLDER_META, is_token_folder, recorded_max_token_id, token_folder_of
+from .model import desync_problems
 
 # A field's own constraints sit beside it, in its metadata (config.py; the model's in model/transformer.py):
 # CHOICES, the values it may take, or CHECK, (test, what the value must be) for a range.
@@ -95,6 +96,8 @@ def _check_model(m, seq_len: int) -> None:
             raise ConfigError(
                 f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]"
             )
+    for message in desync_problems(m, lambda field: f"key 'model.{field}'"):
+        raise ConfigError(message)
     if seq_len > m.max_seq_len:
         raise ConfigError(f"key 'data.seq_len'={seq_len} exceeds model.max_seq_len={m.max_seq_len}")
 

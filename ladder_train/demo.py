@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .model.transformer import RESIDUAL_LAYOUTS
+from .model import PAPER_LAYOUTS
 from .report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def run_demo(out: Path, steps: int, link_latency_ms: float) -> Path:
     shared_eval = find_shared_eval()
     if shared_eval is None:
         print("demo: ../shared/eval not found: skipping the lm-eval step (validation loss only)", flush=True)
-    runs = [_train_layout(layout, out / layout, steps, shared_eval, env) for layout in RESIDUAL_LAYOUTS]
+    runs = [_train_layout(layout, out / layout, steps, shared_eval, env) for layout in PAPER_LAYOUTS]
     bench = out / "bench.jsonl"
     bench.unlink(missing_ok=True)
     _benchmark(bench, link_latency_ms, env)
@@ -62,7 +62,7 @@ def _train_layout(layout: str, run_dir: Path, steps: int, shared_eval: Path | No
 def _benchmark(out: Path, link_latency_ms: float, env: dict) -> None:
     """TP = 2 on the CPU, a model wide enough that one module's decode step takes milliseconds."""
     cmd = [sys.executable, "-m", "ladder_train.bench", "--model", "tiny", "--tp", "2", "--layouts"]
-    cmd += [",".join(RESIDUAL_LAYOUTS)]
+    cmd += [",".join(PAPER_LAYOUTS)]
     cmd += ["--set", "dim=1024", "n_layers=4", "n_heads=8", "ffn_dim=2816", "vocab_size=4096", "max_seq_len=512"]
     cmd += ["--batch-sizes", "1,4", "--prompt-len", "64", "--gen-len", "16", "--runs", "2"]
     cmd += ["--link-latency-ms", str(link_latency_ms), "--out", str(out)]

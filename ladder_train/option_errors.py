@@ -4,7 +4,7 @@ a console script by its flag (``--gen-len``), from the same error."""
 from __future__ import annotations
 
 from .errors import InputError
-from .model import RESIDUAL_LAYOUTS
+from .model import PAPER_LAYOUTS
 
 
 class OptionError(InputError):
@@ -33,9 +33,9 @@ class _Names(dict):
 
 def check_layouts(layouts) -> None:
     """The ``layouts`` option of ladder-bench and ladder-predict: one or more residual layouts."""
-    if not layouts or any(v not in RESIDUAL_LAYOUTS for v in layouts):
+    if not layouts or any(v not in PAPER_LAYOUTS for v in layouts):
         raise OptionError(
             "{layouts} {given!r}: each must be one of {known}",
             given=",".join(layouts),
-            known=", ".join(RESIDUAL_LAYOUTS),
+            known=", ".join(PAPER_LAYOUTS),
         )

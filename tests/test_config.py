@@ -198,7 +198,7 @@ def test_each_fields_choices_and_range_sit_beside_the_field_and_are_checked():
     from ladder_train.config_checks import field_rules
 
     rules = dict(field_rules(Config))
-    assert rules["model.residual"]["choices"] == ("standard", "parallel", "ladder")  # ModelArgs' own field
+    assert rules["model.residual"]["choices"] == ("standard", "parallel", "ladder", "desync")  # ModelArgs' own field
     assert rules["train.schedule.kind"]["choices"] == ("cosine", "wsd")  # a nested section
     assert rules["data.seq_len"]["check"][1] == "at least 1"
     assert "run.name" not in rules  # a free-form field has no rule

@@ -12,7 +12,7 @@ import torch
 from ..checkpoint import verify_checkpoint
 from ..errors import InputError
 from ..loading import resolve_source
-from ..model import RESIDUAL_LAYOUTS
+from ..model import PAPER_LAYOUTS
 from ..model.tp_sharding import check_tp_degree
 from ..option_errors import OptionError, check_layouts
 
@@ -29,7 +29,7 @@ class BenchOptions:
     to trace one more generation of each case into."""
 
     models: tuple[str, ...]
-    layouts: tuple[str, ...] = RESIDUAL_LAYOUTS
+    layouts: tuple[str, ...] = PAPER_LAYOUTS
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
     overrides: dict = field(default_factory=dict)
     prompt_len: int = 1024

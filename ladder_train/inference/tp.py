@@ -34,7 +34,7 @@ def _(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def comm_mode_for(residual: str) -> str:
-    """Standard and parallel add each output at once (sync); the ladder waits one module later (async)."""
+    """Standard, parallel and desync add each output at once (sync); the ladder waits one module later (async)."""
     return "async" if residual == "ladder" else "sync"
 
 
@@ -51,6 +51,7 @@ class TPCommunicator(Communicator):
         if mode not in COMM_MODES:
             raise ValueError(f"comm mode must be one of {', '.join(COMM_MODES)}, got {mode!r}")
         self.mode = mode
+        self.tp_degree = dist.get_world_size(group)
         # the name, not the group object: a plain string is what the traced collective takes
         self.group_name = (group or dist.group.WORLD).group_name
 

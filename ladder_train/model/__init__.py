@@ -1,21 +1,16 @@
 """The model: one Transformer definition (training and inference), presets and the export format."""
 
+from .cost import count_params, flops_per_token
+from .desync import LAYER_REDUCES, desync_problems
 from .hf_format import INDEX_FILE, WEIGHTS_FILE
 from .presets import PRESETS, preset_args
-from .transformer import (
-    NO_COMM,
-    RESIDUAL_LAYOUTS,
-    Communicator,
-    ModelArgs,
-    Transformer,
-    build_on_meta,
-    count_params,
-    flops_per_token,
-)
+from .transformer import NO_COMM, PAPER_LAYOUTS, RESIDUAL_LAYOUTS, Communicator, ModelArgs, Transformer, build_on_meta
 
 __all__ = [
     "INDEX_FILE",
+    "LAYER_REDUCES",
     "NO_COMM",
+    "PAPER_LAYOUTS",
     "PRESETS",
     "RESIDUAL_LAYOUTS",
     "Communicator",
@@ -24,6 +19,7 @@ __all__ = [
     "WEIGHTS_FILE",
     "build_on_meta",
     "count_params",
+    "desync_problems",
     "flops_per_token",
     "preset_args",
 ]

@@ -24,8 +24,9 @@ from ..errors import InputError
 from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
 from ..hf import AUTO_MAP, model_file_paths
 from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE
+from .rope import ROPE_SCALING_KEYS
 from .shape_checks import check_model_fields, read_json_object
-from .transformer import ROPE_SCALING_KEYS, ModelArgs, Transformer, build_on_meta
+from .transformer import ModelArgs, Transformer, build_on_meta
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file

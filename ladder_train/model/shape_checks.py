@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import InputError
-from .transformer import RESIDUAL_LAYOUTS, ROPE_SCALING_KEYS, ModelArgs
+from .desync import desync_problems
+from .rope import ROPE_SCALING_KEYS
+from .transformer import RESIDUAL_LAYOUTS, ModelArgs
 
 # The largest tensor a model may have, in elements, counted whole (before any TP slice): 2**34 = 17.2 G elements,
 # 64 GiB in fp32. The largest tensor of any released Llama is below 2**31 (Llama-3.1-405B's embedding, 128,256 x
@@ -120,6 +122,9 @@ def _shape_problems(args: ModelArgs, label) -> list[str]:
         ]
     if ladder is not None and (not _is_int(ladder) or not 0 <= ladder <= args.n_layers):
         return [f"{label('ladder_layers')}={ladder!r}: must be an integer in [0, {label('n_layers')}={args.n_layers}]"]
+    desync = desync_problems(args, label)
+    if desync:
+        return desync
     largest = {
         ("vocab_size", "dim"): args.vocab_size * args.dim,
         ("ffn_dim", "dim"): args.ffn_dim * args.dim,

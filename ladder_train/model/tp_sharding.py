@@ -31,7 +31,13 @@ KV_WEIGHTS = ("attention.wk.weight", "attention.wv.weight")
 
 def check_tp_degree(args: ModelArgs, tp: int, source: str = "model"):
     """Fail before any loading when ``tp`` cannot split the heads or MLP hidden units evenly, or can neither split
-    the KV heads evenly (``tp`` dividing ``n_kv_heads``) nor replicate them evenly (a multiple of ``n_kv_heads``)."""
+    the KV heads evenly (``tp`` dividing ``n_kv_heads``) nor replicate them evenly (a multiple of ``n_kv_heads``),
+    or a desync model is asked for a degree other than its own (or 1, its emulation)."""
+    if args.residual == "desync" and tp not in (1, args.desync_tp):
+        raise InputError(
+            f"{source}: a desync model is built for tensor-parallel degree {args.desync_tp} (its residual streams); "
+            f"it runs at TP {args.desync_tp}, or emulated at TP 1, not at TP {tp}"
+        )
     for field in ("n_heads", "ffn_dim"):
         value = getattr(args, field)
         if value % tp:

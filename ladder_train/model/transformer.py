@@ -8,6 +8,8 @@ layouts (docs/design.md has the equations):
     parallel  n = norm(r);   r = r + A(n) + M(n)
     ladder    each module's output joins the stream one module late, so its all-reduce can overlap
               the next module's compute under tensor parallelism.
+    desync    built for TP degree t: each rank keeps its own stream and all-reduces only where a pattern says
+              (model/desync.py); on one device the t streams are emulated.
 
 Every module output is a *partial sum* under tensor parallelism. The single place where it becomes a
 full sum is ``self.comm`` (a :class:`Communicator`): ``comm.reduce(x)`` starts the reduction and
@@ -24,7 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder")
+from .desync import reduce_schedule, stream_cols, stream_kv_weight, stream_rows
+from .kv_cache import KVCache
+from .rope import apply_rope, rope_tables
+
+RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder", "desync")
+# the layouts that need no further field: what the demo, the benchmark and the predictor run by default
+PAPER_LAYOUTS = ("standard", "parallel", "ladder")
 
 
 @dataclass
@@ -42,8 +50,16 @@ class ModelArgs:
     norm_eps: float = field(default=1e-5, metadata={"check": (lambda v: v > 0, "positive")})
     # N(0, init_std); block output projections use init_std / sqrt(2 * n_layers)
     init_std: float = field(default=0.02, metadata={"check": (lambda v: v > 0, "positive")})
-    residual: str = field(default="standard", metadata={"choices": RESIDUAL_LAYOUTS})  # standard | parallel | ladder
+    residual: str = field(default="standard", metadata={"choices": RESIDUAL_LAYOUTS})  # standard|parallel|ladder|desync
     ladder_layers: int | None = None  # ladder only: the last N layers are ladder, the rest standard; None = all
+    # desync only: the tensor-parallel degree t the model is built and served at (its t residual streams)
+    desync_tp: int | None = None
+    # desync only: every k-th module of the desync layers all-reduces (attention, MLP, attention, ... counted from
+    # 1): 2 = each MLP (the authors' "2x"), 4 = every other MLP ("4x"), 1 = every module; the last module always does
+    desync_reduce_every: int = 2
+    # desync only: per desync layer, which modules all-reduce (none | attention | mlp | both); wins over reduce_every
+    desync_pattern: list[str] | None = None
+    desync_layers: int | None = None  # desync only: the last N layers are desync, the rest standard; None = all
     tie_embeddings: bool = True  # the output head is the embedding matrix; False: its own `output` weight
     # Llama-3.1's rope frequency scaling, as in a Hugging Face config: {"rope_type": "llama3", "factor",
     # "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}; None = plain RoPE
@@ -58,11 +74,19 @@ class ModelArgs:
         return self.dim // self.n_heads
 
     def layer_layouts(self) -> list[str]:
-        """The residual layout of each layer: a hybrid ladder keeps its first L - N layers standard."""
-        if self.residual != "ladder":
+        """The residual layout of each layer: a hybrid ladder or desync keeps its first L - N layers standard."""
+        if self.residual not in ("ladder", "desync"):
             return [self.residual] * self.n_layers
-        n_ladder = self.n_layers if self.ladder_layers is None else self.ladder_layers
-        return ["standard"] * (self.n_layers - n_ladder) + ["ladder"] * n_ladder
+        hybrid = self.ladder_layers if self.residual == "ladder" else self.desync_layers
+        n_upper = self.n_layers if hybrid is None else hybrid
+        return ["standard"] * (self.n_layers - n_upper) + [self.residual] * n_upper
+
+    def layer_reduces(self) -> list[tuple[bool, bool]]:
+        """(attention all-reduces, MLP all-reduces) of each layer under TP: both, except in desync layers."""
+        layouts = self.layer_layouts()
+        n_desync = layouts.count("desync")
+        schedule = reduce_schedule(n_desync, self.desync_reduce_every, self.desync_pattern) if n_desync else []
+        return [(True, True)] * (len(layouts) - n_desync) + schedule
 
 
 class Communicator:
@@ -71,7 +95,10 @@ class Communicator:
     ``reduce(x)`` starts the reduction of ``x`` and returns a tensor to hand to ``wait`` later;
     ``wait(x)`` returns the reduced tensor. Layouts that add an output at once call ``wait(reduce(x))``;
     the ladder calls ``reduce`` when the module finishes and ``wait`` one module later.
+    ``tp_degree``: how many ranks hold the modules' shards (a desync block emulates desync_tp / tp_degree streams).
     """
+
+    tp_degree = 1
 
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
         return x
@@ -103,41 +130,6 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    """Llama-3.1's scaled frequencies (Meta's reference code; transformers' ``rope_type: llama3``): wavelengths
-    longer than the original context / low_freq_factor are divided by ``factor``, shorter than original /
-    high_freq_factor kept, and the band between interpolated linearly in original_context / wavelength."""
-    factor, low, high, original = (float(scaling[k]) for k in ROPE_SCALING_KEYS)
-    wavelen = 2 * math.pi / inv_freq
-    smooth = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
-    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    return torch.where(
-        wavelen < original / high, inv_freq, torch.where(wavelen > original / low, inv_freq / factor, scaled)
-    )
-
-
-def rope_tables(
-    head_dim: int, max_seq_len: int, theta: float, scaling: dict | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, shape (max_seq_len, head_dim), for the rotate-half (GPT-NeoX/HF Llama) convention."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    if scaling is not None:
-        inv_freq = llama3_inv_freq(inv_freq, scaling)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (B, heads, T, head_dim) by the angles of its positions (cos, sin: T x head_dim)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
-
-
 class Attention(nn.Module):
     """Causal grouped-query self-attention. Under TP each rank holds ``n_heads / tp`` heads and the KV heads they
     use (``n_kv_heads / tp``, or one replicated above ``n_kv_heads`` ranks: model/tp_sharding.py); the output
@@ -155,10 +147,21 @@ class Attention(nn.Module):
         self.kv_cache: KVCache | None = None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | torch.Tensor = 0):
-        batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        """``x``: (B, T, D), or (S, B, T, D) emulated desync streams, stream s through TP rank s's heads; then the
+        S partial outputs (S, B, T, D) come back unreduced."""
+        streams = x.shape[0] if x.dim() == 4 else 0
+        batch, seq_len = x.shape[-3:-1]
+        if streams:
+            q, k, v = (
+                stream_rows(x, self.wq.weight),
+                stream_rows(x, stream_kv_weight(self.wk.weight, self.n_kv_heads, streams)),
+                stream_rows(x, stream_kv_weight(self.wv.weight, self.n_kv_heads, streams)),
+            )
+        else:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q = q.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = k.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = v.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.kv_cache is None:
             mask, is_causal = None, True
@@ -178,29 +181,8 @@ class Attention(nn.Module):
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
-        return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
-
-
-class KVCache(nn.Module):
-    """A static key/value cache for one attention layer: (batch, kv_heads, max_len, head_dim)."""
-
-    def __init__(self, batch: int, kv_heads: int, max_len: int, head_dim: int, dtype, device):
-        super().__init__()
-        shape = (batch, kv_heads, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-
-    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        end = start_pos + k.shape[2]
-        self.k[: k.shape[0], :, start_pos:end] = k
-        self.v[: v.shape[0], :, start_pos:end] = v
-        return self.k[: k.shape[0], :, :end], self.v[: v.shape[0], :, :end]
-
-    def update_at(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write at tensor ``positions`` and return the whole cache: shapes do not depend on the position."""
-        self.k.index_copy_(2, positions, k)
-        self.v.index_copy_(2, positions, v)
-        return self.k, self.v
+        out = out.transpose(1, 2).reshape(batch, seq_len, -1)
+        return stream_cols(out, self.wo.weight, streams) if streams else self.wo(out)
 
 
 class MLP(nn.Module):
@@ -213,6 +195,10 @@ class MLP(nn.Module):
         self.w_down = nn.Linear(args.ffn_dim, args.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (B, T, D), or (S, B, T, D) emulated desync streams (see Attention.forward)."""
+        if x.dim() == 4:
+            hidden = F.silu(stream_rows(x, self.w_gate.weight)) * stream_rows(x, self.w_up.weight)
+            return stream_cols(hidden, self.w_down.weight, x.shape[0])
         return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
 
 
@@ -220,9 +206,11 @@ class Block(nn.Module):
     """One layer. ``forward(r, pending_attn, pending_mlp)`` returns the new stream and the outputs that
     the ladder has not added yet (None for the standard and parallel layouts, which add at once)."""
 
-    def __init__(self, args: ModelArgs, layout: str):
+    def __init__(self, args: ModelArgs, layout: str, reduces: tuple[bool, bool] = (True, True)):
         super().__init__()
         self.layout = layout
+        self.reduce_attention, self.reduce_mlp = reduces  # desync: which modules all-reduce
+        self.desync_tp = args.desync_tp
         self.attention = Attention(args)
         self.mlp = MLP(args)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
@@ -240,6 +228,14 @@ class Block(nn.Module):
             n = self.attention_norm(r)
             r = r + comm.wait(comm.reduce(self.attention(n, cos, sin, start_pos) + self.mlp(n)))
             return r, None, None
+        if self.layout == "desync":
+            streams = self.desync_tp // comm.tp_degree  # t emulated on one device, one per rank at TP t
+
+            def attend(x):
+                return self.attention(x, cos, sin, start_pos)
+
+            r = self.desync_module(r, attend, self.attention_norm, self.reduce_attention, streams)
+            return self.desync_module(r, self.mlp, self.mlp_norm, self.reduce_mlp, streams), None, None
         # ladder: add the previous layer's attention output, start this layer's attention, then add the
         # previous MLP output, start this MLP; each reduction overlaps the next module's compute. The
         # fences keep the stream behind the module just computed, so a compiler moves no add (hence no
@@ -253,6 +249,20 @@ class Block(nn.Module):
         r, mlp_partial = comm.fence(r, self.mlp(self.mlp_norm(r)))
         return r, attn_out, comm.reduce(mlp_partial)
 
+    def desync_module(self, r, module, norm, reduce: bool, streams: int) -> torch.Tensor:
+        """One desync module: each stream adds its own shard's partial output, or, where the module reduces, the
+        ranks re-synchronise on all_reduce(partial + stream / t). ``r``: the rank's stream (B, T, D) at TP t; on
+        one device the t emulated streams (t, B, T, D), or (B, T, D) while they are synchronised."""
+        x = norm(r)
+        if streams > 1 and x.dim() == 3:  # synchronised: every shard reads the same stream
+            x = x.expand(streams, *x.shape)
+        partial = module(x)
+        if not reduce:
+            return r + partial
+        if streams == 1:
+            return self.comm.wait(self.comm.reduce(partial + r / self.desync_tp))
+        return (partial + r / self.desync_tp).sum(0)  # the all-reduce of the t ranks, done in place
+
 
 class Transformer(nn.Module):
     """Decoder-only LM. ``model(input_ids)`` returns fp32 logits of shape (B, T, vocab)."""
@@ -263,7 +273,10 @@ class Transformer(nn.Module):
             raise ValueError(f"residual must be one of {', '.join(RESIDUAL_LAYOUTS)}, got {args.residual!r}")
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleList(Block(args, layout) for layout in args.layer_layouts())
+        self.layers = nn.ModuleList(
+            Block(args, layout, reduces)
+            for layout, reduces in zip(args.layer_layouts(), args.layer_reduces(), strict=True)
+        )
         self.norm = RMSNorm(args.dim, args.norm_eps)
         # an untied head is replicated under TP (like the embedding) and sharded by FSDP with the root
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
@@ -340,6 +353,8 @@ class Transformer(nn.Module):
         for layer in self.layers:
             attn = layer.attention
             kv_heads = attn.wk.weight.shape[0] // attn.head_dim  # the local heads under TP
+            if layer.layout == "desync" and layer.comm.tp_degree == 1:
+                kv_heads = max(kv_heads, self.args.desync_tp)  # emulated streams above n_kv_heads: one head each
             attn.kv_cache = KVCache(batch, kv_heads, max_len, attn.head_dim, dtype, device)
 
     def kv_caches(self) -> list:
@@ -363,35 +378,3 @@ def build_on_meta(args: ModelArgs) -> Transformer:
     gives it storage, and its weights come from ``init_weights``, a sharded init or a loaded state."""
     with torch.device("meta"):
         return Transformer(args)
-
-
-# the model's size and cost, from its shape alone: parameters (total, non-embedding), training FLOPs per token (MFU)
-
-
-def count_params(args: ModelArgs) -> dict[str, int]:
-    """Parameter counts from the shape alone (no allocation). A tied head is the embedding, counted once; an
-    untied head counts as a second embedding-sized matrix."""
-    head_dim = args.head_dim
-    attention = args.dim * head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
-    mlp = 3 * args.dim * args.ffn_dim
-    norms = sum(1 if layout == "parallel" else 2 for layout in args.layer_layouts()) * args.dim + args.dim
-    non_embedding = args.n_layers * (attention + mlp) + norms
-    embedding = args.vocab_size * args.dim * (1 if args.tie_embeddings else 2)
-    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding}
-
-
-def flops_per_token(args: ModelArgs, seq_len: int | None = None, frozen_layers: int = 0) -> float:
-    """Training FLOPs (forward + backward) per token: 6 x the parameters each token multiplies through
-    (blocks and the LM head; an embedding lookup costs nothing) plus the attention scores and values,
-    12 x layers x dim x seq_len (the PaLM appendix B convention, no causal discount).
-
-    ``frozen_layers`` (``train.freeze_layers``: the first K blocks fixed) count 4 x their matmul parameters,
-    not 6: no weight gradient is computed for them, but their input gradient still is (the embeddings below
-    them train, so the gradient flows through every frozen block). Their attention scores and values keep the
-    full 12 x dim x seq_len (none of those matmuls has a weight)."""
-    seq_len = seq_len or args.max_seq_len
-    n = count_params(args)
-    matmul_params = n["non_embedding"] + args.vocab_size * args.dim
-    block_matmul = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.n_kv_heads) + 3 * args.dim * args.ffn_dim
-    frozen = min(max(frozen_layers, 0), args.n_layers)
-    return 6 * matmul_params - 2 * frozen * block_matmul + 12 * args.n_layers * args.dim * seq_len

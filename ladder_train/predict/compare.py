@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..bench_schema import WHERE, read_bench
 from ..errors import InputError
-from ..model.transformer import RESIDUAL_LAYOUTS
+from ..model import PAPER_LAYOUTS
 from .perfmodel import Emulated, predict_rows
 from .shapes import shape_from_fields
 
@@ -44,8 +44,8 @@ def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tu
         shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r[WHERE]) for r in bench
     ]
     for row in bench:
-        if row["layout"] not in RESIDUAL_LAYOUTS:
-            raise InputError(f"{row[WHERE]}: layout {row['layout']!r} is not one of {', '.join(RESIDUAL_LAYOUTS)}")
+        if row["layout"] not in PAPER_LAYOUTS:
+            raise InputError(f"{row[WHERE]}: layout {row['layout']!r} is not one of {', '.join(PAPER_LAYOUTS)}")
     for row, shape in zip(bench, shapes, strict=True):
         x = row.get("emulated_link_latency_ms") or 0.0
         bw = row.get("link_bandwidth_gbs")

@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..errors import InputError
+from ..model import PAPER_LAYOUTS
 from ..model.tp_sharding import check_tp_degree, local_kv_heads
-from ..model.transformer import RESIDUAL_LAYOUTS
 from .shapes import Shape
 
 # ---------------------------------------------------------------------------------------------- hardware
@@ -288,7 +288,7 @@ def predict_step(
     emulated: Emulated | None = None,
 ) -> float:
     """Seconds of one forward of ``batch`` x ``q_len`` tokens over a ``kv_len`` cache; ``layout`` is one
-    of RESIDUAL_LAYOUTS or ``none`` (the no-communication ceiling of that model's compute, standard's layers)."""
+    of PAPER_LAYOUTS or ``none`` (the no-communication ceiling of that model's compute, standard's layers)."""
     kernels = module_kernels(shape, device, tp, batch, q_len, kv_len)
     times = module_times(kernels, device)
     act = batch * q_len * shape.dim * device.dtype_bytes
@@ -337,7 +337,7 @@ def predict_rows(
     prompt_len: int,
     gen_len: int,
     emulated: Emulated | None = None,
-    layouts=RESIDUAL_LAYOUTS,
+    layouts=PAPER_LAYOUTS,
 ) -> list[dict]:
     """One row per (batch, layout) plus the ``none`` ceiling, with speedups against standard."""
     check_tp_degree(shape.args, tp, shape.name)  # the TP loader's rule: KV heads split or replicated evenly

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..model.transformer import RESIDUAL_LAYOUTS
+from ..model import PAPER_LAYOUTS
 from ..option_errors import OptionError, check_layouts
 from .hardware import load_profiles
 from .perfmodel import Emulated, predict_rows
@@ -29,7 +29,7 @@ class PredictOptions:
     batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
     prompt_len: int = 1024
     gen_len: int = 512
-    layouts: tuple[str, ...] = RESIDUAL_LAYOUTS
+    layouts: tuple[str, ...] = PAPER_LAYOUTS
     ladder_layers: int | None = None
     overrides: dict = field(default_factory=dict)
     profile: str | None = None
