@@ -62,9 +62,9 @@ def train_losses(layouts, micro, tmp, replicate=-1, shard=-1):
     losses = {}
     try:
         for residual in layouts:
-            cfg = tiny_config(
-                residual, micro, f"{tmp}/{residual}", **{"parallel.dp_replicate": replicate, "parallel.dp_shard": shard}
-            )
+            mesh_keys = {"parallel.dp_replicate": replicate, "parallel.dp_shard": shard}
+            layout_keys = {"model.desync_tp": 2} if residual == "desync" else {}  # two emulated TP streams
+            cfg = tiny_config(residual, micro, f"{tmp}/{residual}", **mesh_keys, **layout_keys)
             trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
             losses[residual] = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
             mesh = tuple(trainer.mesh.shape)
@@ -73,7 +73,7 @@ def train_losses(layouts, micro, tmp, replicate=-1, shard=-1):
     return losses, mesh
 
 
-LAYOUTS = ("standard", "parallel", "ladder")
+LAYOUTS = ("standard", "parallel", "ladder", "desync")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_single_process_learns(single_process):
         assert trajectory[0] == pytest.approx(math.log(VOCAB), abs=0.1)  # small init: uniform predictions
         assert all(math.isfinite(x) for x in trajectory)
     # the layouts are different functions, so their trajectories differ
-    assert losses["standard"][-1][0] != losses["ladder"][-1][0]
+    assert losses["standard"][-1][0] != losses["ladder"][-1][0] != losses["desync"][-1][0]
 
 
 @pytest.mark.slow
