@@ -113,6 +113,18 @@ def test_bad_layout_fields_are_refused_by_the_config_class():
     with pytest.raises(ValueError, match="rms_norm_eps=-1.0: must be a positive number"):
         LadderLlamaConfig(rms_norm_eps=-1.0)
     assert LadderLlamaConfig(num_hidden_layers=3, ladder_layers=1).layer_layouts() == ["standard"] * 2 + ["ladder"]
+    with pytest.raises(ValueError, match=r"^desync_tp=3: does not divide num_attention_heads=32$"):
+        LadderLlamaConfig(residual="desync", desync_tp=3)
+    hybrid = LadderLlamaConfig(
+        num_hidden_layers=3, residual="desync", desync_tp=2, desync_layers=2, desync_reduce_every=4
+    )
+    assert hybrid.layer_layouts() == ["standard", "desync", "desync"]
+    assert hybrid.layer_reduces() == [(True, True), (False, False), (False, True)]  # 4x: every other MLP, the last
+
+
+def desync(**fields) -> dict:
+    """A hybrid ladder's config.json changed into a desync model's (t = 2) with ``fields``."""
+    return {"residual": "desync", "ladder_layers": None, "desync_tp": 2, **fields}
 
 
 # config.json values ladder-train's loader refuses (model/shape_checks.py), each changed in a hybrid's export
@@ -136,6 +148,26 @@ BAD_CONFIG_VALUES = [
     {"tie_word_embeddings": "yes"},
     {"max_position_embeddings": 0},
     {"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 2**23},  # a 2**35-element embedding
+    {"desync_tp": 2},  # on a ladder
+    {"desync_pattern": ["mlp"] * 4},
+    desync(desync_tp=None),
+    desync(desync_tp=1),
+    desync(desync_tp=True),
+    desync(desync_tp="2"),
+    desync(desync_tp=3),  # does not divide 4 heads
+    desync(desync_tp=4, intermediate_size=90),
+    desync(hidden_size=96, num_attention_heads=6, num_key_value_heads=3),  # t = 2 splits 3 KV heads unevenly
+    desync(desync_tp=4, num_key_value_heads=None, num_attention_heads=6, hidden_size=96),
+    desync(desync_reduce_every=0),
+    desync(desync_reduce_every=1.5),
+    desync(desync_reduce_every=None),
+    desync(desync_layers=5),
+    desync(desync_layers=-1),
+    desync(desync_layers="2"),
+    desync(desync_pattern="mlp"),
+    desync(desync_pattern=["mlp"]),
+    desync(desync_layers=2, desync_pattern=["mlp", "all"]),
+    desync(desync_pattern=["mlp", "none", None, "both"]),
 ]
 
 

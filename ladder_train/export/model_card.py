@@ -62,12 +62,27 @@ def source_license(folder: Path) -> str | None:
 
 def layout_words(args: ModelArgs) -> str:
     layouts = args.layer_layouts()
+    if args.residual == "desync":
+        return _desync_words(args)
     n_ladder = layouts.count("ladder")
     if args.residual == "ladder" and n_ladder < args.n_layers:
         return f"hybrid ladder: the last {n_ladder} of {args.n_layers} layers ladder, the first {args.n_layers - n_ladder} standard"
     return {"standard": "standard (a Llama)", "parallel": "parallel attention + MLP", "ladder": "ladder (every layer)"}[
         args.residual
     ]
+
+
+def _desync_words(args: ModelArgs) -> str:
+    """Its TP degree, hybrid split and how many of its modules re-synchronise the ranks' streams."""
+    layouts = args.layer_layouts()
+    n = layouts.count("desync")
+    syncs = sum(a + m for (a, m), layout in zip(args.layer_reduces(), layouts, strict=True) if layout == "desync")
+    lower = args.n_layers - n
+    hybrid = f"the last {n} of {args.n_layers} layers desync, the first {lower} standard; " if lower else ""
+    return (
+        f"desync for TP {args.desync_tp}: {hybrid}{args.desync_tp} rank-local residual streams, re-synchronised by "
+        f"{syncs} of the desync layers' {2 * n} modules (served at TP {args.desync_tp}, or emulated at TP 1)"
+    )
 
 
 def _metadata(facts: CardFacts) -> str:
@@ -133,8 +148,8 @@ def _loading_section(path_hint: str, llama: bool) -> str:
             f'tokenizer = AutoTokenizer.from_pretrained("{path_hint}")\n```\n'
         )
     return (
-        "A parallel or ladder model computes another function than a Llama with the same weights, so it has its own "
-        "class (`model_type: ladder_llama`). With ladder-train installed, register it with transformers:\n\n"
+        "A parallel, ladder or desync model computes another function than a Llama with the same weights, so it has "
+        "its own class (`model_type: ladder_llama`). With ladder-train installed, register it with transformers:\n\n"
         "```python\nimport ladder_train.hf\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
         "ladder_train.hf.register()  # ladder_llama for AutoConfig / AutoModelForCausalLM\n"
         f'model = AutoModelForCausalLM.from_pretrained("{path_hint}")\n```\n\n'
@@ -149,6 +164,8 @@ def _loading_section(path_hint: str, llama: bool) -> str:
 def model_card(facts: CardFacts, n_params: int) -> str:
     llama = is_llama(facts.args)
     kind = "transformer" if llama else "Ladder Residual transformer"
+    if facts.args.residual == "desync":
+        kind = "desync transformer"
     return (
         f"{_metadata(facts)}\n# {facts.name}\n\n"
         f"A {kind} trained with ladder-train; weights in {facts.dtype}. In a "

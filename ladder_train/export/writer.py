@@ -1,7 +1,7 @@
 """Hub-ready model folders: a training checkpoint (``export_checkpoint``) or a Hugging Face format folder
 (``export_folder``) to ``model.safetensors`` + ``config.json`` (Hugging Face Llama names; see model/hf_format.py),
 with the tokenizer, ``generation_config.json`` (the bos/eos generation stops at, as ladder-generate does), for a
-parallel or ladder model the transformers classes its ``auto_map`` names, and a model card (``README.md``).
+parallel, ladder or desync model the transformers classes its ``auto_map`` names, and a model card (``README.md``).
 ``ladder-export`` (cli/export.py) and the trainer's ``eval.mode=slurm`` call them.
 
 Writing into a folder replaces an earlier export's files there (``EXPORT_FILES``) and leaves everything else;

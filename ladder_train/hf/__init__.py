@@ -1,7 +1,7 @@
 """ladder-train's models in transformers: ``LadderLlamaConfig`` / ``LadderLlamaForCausalLM`` (model_type
-``ladder_llama``) for the parallel and ladder layouts and hybrids; a standard model exports as a plain Llama.
+``ladder_llama``) for the parallel, ladder and desync layouts and hybrids; a standard model exports as a plain Llama.
 
-The two ``*_ladder_llama.py`` files import only torch and transformers: every parallel or ladder export carries
+The two ``*_ladder_llama.py`` files import only torch and transformers: every parallel, ladder or desync export carries
 copies of them, named by ``auto_map`` in its config.json, so it loads with ``trust_remote_code=True`` anywhere.
 ``register()`` makes ``AutoConfig`` and ``AutoModelForCausalLM`` read them without the folder's code; nothing is
 registered on import (importing ``ladder_train`` changes no import machinery and does not import transformers).

@@ -1,16 +1,19 @@
 """The transformers configuration of a Ladder Residual Llama (arXiv 2501.06589): a ``LlamaConfig`` plus the
-residual layout. Imports only transformers, so it also runs from an export folder with ``trust_remote_code``.
+residual layout (and a desync model's TP degree and reduce pattern). Imports only transformers, so it also runs from an export folder with ``trust_remote_code``.
 
 Its fields are checked as ladder-train's own loader checks a config.json (``ladder_train/model/shape_checks.py``),
 with the same limits and the same one-line messages, as a ValueError: a crafted or mistyped config.json (a string
 size, a negative epsilon, a fractional ``ladder_layers``) is refused by name instead of building a model that
 computes NaN or failing deep inside it. This file travels alone into exports, so the checks are written out here;
-tests/test_hf.py holds both to the same verdicts.
+tests/test_hf.py holds both to the same verdicts (the desync fields: ``ladder_train/model/desync.py``).
 """
 
 from transformers import LlamaConfig
 
-RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder")
+RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder", "desync")
+# what a desync layer all-reduces, per layer of an explicit desync_pattern (model/desync.py's LAYER_REDUCES)
+LAYER_REDUCES = {"none": (False, False), "attention": (True, False), "mlp": (False, True), "both": (True, True)}
+DESYNC_FIELDS = ("desync_tp", "desync_reduce_every", "desync_pattern", "desync_layers")
 
 # shape_checks' limits (tests/test_hf.py compares them): each size at most 2**24, layers at most 2**12, a tensor at
 # most 2**34 elements, all parameters at most 2**40
@@ -28,7 +31,14 @@ SIZE_FIELDS = (
     "max_position_embeddings",
 )
 POSITIVE_NUMBER_FIELDS = ("rope_theta", "rms_norm_eps", "initializer_range")
-CHECKED_FIELDS = (*SIZE_FIELDS, *POSITIVE_NUMBER_FIELDS, "tie_word_embeddings", "residual", "ladder_layers")
+CHECKED_FIELDS = (
+    *SIZE_FIELDS,
+    *POSITIVE_NUMBER_FIELDS,
+    "tie_word_embeddings",
+    "residual",
+    "ladder_layers",
+    *DESYNC_FIELDS,
+)
 
 
 def _is_int(value) -> bool:
@@ -79,9 +89,45 @@ def _shape_problem(values: dict) -> str | None:
         return f"ladder_layers={ladder!r}: only a ladder has ladder layers (null for residual={values['residual']!r})"
     if ladder is not None and (not _is_int(ladder) or not 0 <= ladder <= (layers or 0)):
         return f"ladder_layers={ladder!r}: must be an integer in [0, num_hidden_layers={layers}]"
+    desync = _desync_problem(values)
+    if desync:
+        return desync
     if None in (dim, heads, layers, values.get("vocab_size"), values.get("intermediate_size")):
         return None  # the totals need every size
     return _size_problem(values)
+
+
+def _desync_problem(values: dict) -> str | None:
+    """The desync fields (model/desync.py's ``desync_problems``, on config.json's names), once the sizes are sound."""
+    residual = values.get("residual", "ladder")
+    if residual != "desync":
+        for name in ("desync_tp", "desync_layers", "desync_pattern"):
+            if values.get(name) is not None:
+                return f"{name}={values[name]!r}: only a desync model has it (null for residual={residual!r})"
+        return None
+    t, heads, layers = values.get("desync_tp"), values.get("num_attention_heads"), values.get("num_hidden_layers")
+    if not _is_int(t) or t < 2:
+        return f"desync_tp={t!r}: a desync model needs the tensor-parallel degree it is built for, an integer >= 2"
+    for name in ("num_attention_heads", "intermediate_size"):
+        if values.get(name) is not None and values[name] % t:
+            return f"desync_tp={t}: does not divide {name}={values[name]}"
+    kv = values.get("num_key_value_heads") or heads
+    if kv is not None and ((t <= kv and kv % t) or (t > kv and t % kv)):
+        return f"desync_tp={t}: neither divides nor is a multiple of num_key_value_heads={kv}"
+    every = values.get("desync_reduce_every", 2)
+    if not _is_int(every) or every < 1:
+        return f"desync_reduce_every={every!r}: must be an integer >= 1 (2 = each MLP reduces)"
+    n = layers if values.get("desync_layers") is None else values["desync_layers"]
+    if not _is_int(n) or not 0 <= n <= (layers or 0):
+        return f"desync_layers={n!r}: must be an integer in [0, num_hidden_layers={layers}]"
+    pattern = values.get("desync_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, (list, tuple)) or len(pattern) != n:
+            return f"desync_pattern={pattern!r:.80}: must list one entry per desync layer ({n})"
+        bad = [p for p in pattern if not isinstance(p, str) or p not in LAYER_REDUCES]
+        if bad:
+            return f"desync_pattern: {bad[0]!r} is not one of {', '.join(LAYER_REDUCES)}"
+    return None
 
 
 def _size_problem(values: dict) -> str | None:
@@ -114,13 +160,21 @@ def _raise_if_bad(values: dict) -> None:
 
 
 class LadderLlamaConfig(LlamaConfig):
-    """``residual``: standard | parallel | ladder. ``ladder_layers`` (ladder only): the last N layers are ladder
-    layers and the first L - N standard (a hybrid, as a converted pretrained Llama); None = every layer."""
+    """``residual``: standard | parallel | ladder | desync. ``ladder_layers`` (ladder only): the last N layers are
+    ladder layers and the first L - N standard (a hybrid, as a converted pretrained Llama); None = every layer.
+    Desync only: ``desync_tp`` the TP degree t whose t rank-local residual streams the model computes;
+    ``desync_reduce_every`` k: every k-th module of the desync layers re-synchronises them (attention, MLP, ...
+    counted from 1; 2 = each MLP), unless ``desync_pattern`` names per desync layer none | attention | mlp | both;
+    the last module always does; ``desync_layers``: the last N layers are desync, the rest standard; None = all."""
 
     model_type = "ladder_llama"
 
     residual: str = "ladder"
     ladder_layers: int | None = None
+    desync_tp: int | None = None
+    desync_reduce_every: int = 2
+    desync_pattern: list | None = None
+    desync_layers: int | None = None
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
@@ -144,11 +198,26 @@ class LadderLlamaConfig(LlamaConfig):
             _raise_if_bad({"rope_theta": rope["rope_theta"]})
 
     def layer_layouts(self) -> list[str]:
-        """The layout of each layer, first to last."""
-        if self.residual != "ladder":
+        """The layout of each layer, first to last: a hybrid ladder or desync keeps its first L - N layers standard."""
+        if self.residual not in ("ladder", "desync"):
             return [self.residual] * self.num_hidden_layers
-        n_ladder = self.num_hidden_layers if self.ladder_layers is None else self.ladder_layers
-        return ["standard"] * (self.num_hidden_layers - n_ladder) + ["ladder"] * n_ladder
+        hybrid = self.ladder_layers if self.residual == "ladder" else self.desync_layers
+        n_upper = self.num_hidden_layers if hybrid is None else hybrid
+        return ["standard"] * (self.num_hidden_layers - n_upper) + [self.residual] * n_upper
+
+    def layer_reduces(self) -> list[tuple[bool, bool]]:
+        """(attention re-synchronises, MLP re-synchronises) per layer: always in a standard layer; in the desync
+        layers as ``desync_pattern`` or else ``desync_reduce_every`` says, the last module always."""
+        layouts = self.layer_layouts()
+        n = layouts.count("desync")
+        every = self.desync_reduce_every
+        if self.desync_pattern is not None:
+            schedule = [LAYER_REDUCES[p] for p in self.desync_pattern]
+        else:
+            schedule = [((2 * i + 1) % every == 0, (2 * i + 2) % every == 0) for i in range(n)]
+        if schedule:
+            schedule[-1] = (schedule[-1][0], True)  # the final norm and the head see one stream
+        return [(True, True)] * (len(layouts) - n) + schedule
 
 
 __all__ = ["LadderLlamaConfig"]

@@ -1,4 +1,4 @@
-"""A transformers causal LM for the three residual layouts of ladder-train (arXiv 2501.06589), built from
+"""A transformers causal LM for the residual layouts of ladder-train (arXiv 2501.06589), built from
 transformers' Llama pieces: its attention (so ``attn_implementation`` eager / sdpa applies), MLP, RMSNorm,
 rotary embedding, cache classes (so ``generate()`` decodes with the KV cache) and weight names. Imports only
 torch and transformers, so an export folder loads with ``trust_remote_code=True`` where ladder-train is absent.
@@ -7,38 +7,115 @@ torch and transformers, so an export folder loads with ``trust_remote_code=True`
     parallel  n = norm1(r);         r = r + A(n) + M(n)        (no post_attention_layernorm)
     ladder    each module's output joins the stream one module late (a hybrid keeps its first layers standard):
               r = r + a_prev;  a = A(norm1(r));  r = r + m_prev;  m = M(norm2(r));  the last a, m join before the norm
+    desync    built for TP degree t: t residual streams x_s, stream s through TP rank s's slice of each module
+              (p_s its partial output); a module that does not reduce gives x_s = x_s + p_s, one that does
+              re-synchronises them: x = sum_s(p_s + x_s / t) (the last module always; a hybrid's first layers standard)
 
 The weights are ladder-train's export (same names as a Llama). Tensor parallelism through transformers' own
-``tp_plan`` reduces each module's output at once: the same function, without the ladder's overlap (ladder-train's
-inference module provides that).
+``tp_plan`` reduces each module's output at once: the same function for standard, parallel and ladder, without the
+ladder's overlap (ladder-train's inference module provides that); a desync model's t streams are emulated on one
+device here (its function is that of t ranks: served at TP t by ladder-train, not through ``tp_plan``).
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaAttention,
     LlamaMLP,
     LlamaPreTrainedModel,
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    eager_attention_forward,
 )
 
 from .configuration_ladder_llama import LadderLlamaConfig
 
 
+def _stream_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Streams ``x`` (t, B, T, D), stream s through rank s's rows of ``weight`` (its s-th of t equal row blocks):
+    the t shards' outputs side by side (B, T, O), as the ranks' heads or hidden units lie in the whole model."""
+    return torch.cat([F.linear(xs, ws) for xs, ws in zip(x, weight.chunk(x.shape[0]), strict=True)], dim=-1)
+
+
+def _stream_cols(h: torch.Tensor, weight: torch.Tensor, streams: int) -> torch.Tensor:
+    """Each rank's slice of ``h`` (B, T, I) through its input columns of ``weight``: the t partial sums (t, B, T, D)
+    that TP ranks would all-reduce, kept apart."""
+    pairs = zip(h.chunk(streams, dim=-1), weight.chunk(streams, dim=1), strict=True)
+    return torch.stack([F.linear(hs, ws) for hs, ws in pairs])
+
+
+class LadderLlamaDesyncAttention(LlamaAttention):
+    """Attention of a desync layer: stream s of (t, B, T, D) through TP rank s's query heads and the KV heads that
+    rank holds (its n_kv / t of them, or above n_kv heads one replicated head, s // (t / n_kv), so the cache holds
+    max(n_kv, t) heads); returns the t partial outputs (t, B, T, D), unreduced."""
+
+    def __init__(self, config: LadderLlamaConfig, layer_idx: int):
+        super().__init__(config=config, layer_idx=layer_idx)
+        self.streams = config.desync_tp
+        self.num_key_value_groups = config.num_attention_heads // max(config.num_key_value_heads, self.streams)
+
+    def _rank_kv(self, weight: torch.Tensor) -> torch.Tensor:
+        """k_proj or v_proj arranged so that rank s's row block is the KV heads rank s holds."""
+        n_kv = self.config.num_key_value_heads
+        if self.streams <= n_kv:
+            return weight
+        per_head = weight.view(n_kv, -1, weight.shape[1])
+        return per_head.repeat_interleave(self.streams // n_kv, dim=0).flatten(0, 1)
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        batch, seq = hidden_states.shape[1:3]
+
+        def heads(weight):
+            return _stream_rows(hidden_states, weight).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+
+        query = heads(self.q_proj.weight)
+        key, value = heads(self._rank_kv(self.k_proj.weight)), heads(self._rank_kv(self.v_proj.weight))
+        query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return _stream_cols(out.reshape(batch, seq, -1), self.o_proj.weight, self.streams), weights
+
+
+class LadderLlamaDesyncMLP(LlamaMLP):
+    """SwiGLU of a desync layer: stream s of (t, B, T, D) through rank s's hidden units; the t partial outputs."""
+
+    def forward(self, x):
+        hidden = self.act_fn(_stream_rows(x, self.gate_proj.weight)) * _stream_rows(x, self.up_proj.weight)
+        return _stream_cols(hidden, self.down_proj.weight, x.shape[0])
+
+
 class LadderLlamaDecoderLayer(nn.Module):
     """One layer of any layout. ``forward`` returns the stream and the ladder's pending (attention, MLP) outputs,
-    which are None for layouts that add their outputs at once."""
+    which are None for layouts that add their outputs at once. A desync layer's stream is (B, T, D) while the ranks
+    are synchronised and (t, B, T, D) between a module that does not reduce and the next that does; ``reduces``:
+    whether its (attention, MLP) re-synchronise them."""
 
-    def __init__(self, config: LadderLlamaConfig, layer_idx: int, layout: str):
+    def __init__(self, config: LadderLlamaConfig, layer_idx: int, layout: str, reduces=(True, True)):
         super().__init__()
         self.layout = layout
-        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)
-        self.mlp = LlamaMLP(config)
+        self.reduces = reduces
+        desync = layout == "desync"
+        self.self_attn = (LadderLlamaDesyncAttention if desync else LlamaAttention)(config=config, layer_idx=layer_idx)
+        self.mlp = (LadderLlamaDesyncMLP if desync else LlamaMLP)(config)
+        self.streams = config.desync_tp
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         if layout != "parallel":  # the parallel layout's attention and MLP share one norm
             self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -56,12 +133,24 @@ class LadderLlamaDecoderLayer(nn.Module):
         if self.layout == "parallel":
             n = self.input_layernorm(r)
             return r + (attend(n) + self.mlp(n)), None, None
+        if self.layout == "desync":
+            r = self._desync_module(r, attend, self.input_layernorm, self.reduces[0])
+            return self._desync_module(r, self.mlp, self.post_attention_layernorm, self.reduces[1]), None, None
         if pending_attn is not None:
             r = r + pending_attn
         attn_out = attend(self.input_layernorm(r))
         if pending_mlp is not None:
             r = r + pending_mlp
         return r, attn_out, self.mlp(self.post_attention_layernorm(r))
+
+    def _desync_module(self, r, module, norm, reduce: bool) -> torch.Tensor:
+        """Each stream adds its rank's partial output, or where the module reduces, the all-reduce of the t ranks:
+        sum_s(partial_s + x_s / t), one stream again."""
+        x = norm(r)
+        if x.dim() == 3:  # synchronised: every rank reads the same stream
+            x = x.expand(self.streams, *x.shape)
+        partial = module(x)
+        return (partial + r / self.streams).sum(0) if reduce else r + partial
 
 
 class LadderLlamaPreTrainedModel(LlamaPreTrainedModel):
@@ -76,8 +165,10 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
     def __init__(self, config: LadderLlamaConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        layouts = config.layer_layouts()
-        self.layers = nn.ModuleList(LadderLlamaDecoderLayer(config, i, layout) for i, layout in enumerate(layouts))
+        self.layers = nn.ModuleList(
+            LadderLlamaDecoderLayer(config, i, layout, reduces)
+            for i, (layout, reduces) in enumerate(zip(config.layer_layouts(), config.layer_reduces(), strict=True))
+        )
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()

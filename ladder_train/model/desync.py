@@ -66,7 +66,7 @@ def desync_problems(args, label) -> list[str]:
     if pattern is not None:
         if not isinstance(pattern, (list, tuple)) or len(pattern) != n:
             return [f"{label('desync_pattern')}={pattern!r:.80}: must list one entry per desync layer ({n})"]
-        bad = [p for p in pattern if p not in LAYER_REDUCES]
+        bad = [p for p in pattern if not isinstance(p, str) or p not in LAYER_REDUCES]
         if bad:
             return [f"{label('desync_pattern')}: {bad[0]!r} is not one of {', '.join(LAYER_REDUCES)}"]
     return []

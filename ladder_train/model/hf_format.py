@@ -7,7 +7,9 @@ architectures) is refused with one line naming the field. A standard-layout expo
 Parallel and ladder exports compute a different function from the same weights, so they declare their own
 ``model_type`` (``ladder_llama``, architecture ``LadderLlamaForCausalLM``), the fields ``residual`` and
 ``ladder_layers``, and an ``auto_map`` to the transformers classes they carry beside the weights
-(``ladder_train/hf``): a Llama loader never runs them as a Llama.
+(``ladder_train/hf``): a Llama loader never runs them as a Llama. A desync model's config also holds its four
+desync fields under their ModelArgs names (``DESYNC_KEYS``), as ``ladder_layers`` is; other layouts' configs do not
+have them, and a config without them reads as the defaults.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ HF_SIZE_KEYS = {
     "num_key_value_heads": "n_kv_heads",
     "intermediate_size": "ffn_dim",
 }
+# config.json keys of a desync model, named as ModelArgs names them (like ladder_layers): key -> default when absent
+DESYNC_KEYS = {"desync_tp": None, "desync_reduce_every": 2, "desync_pattern": None, "desync_layers": None}
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
@@ -79,8 +83,9 @@ def is_llama(args: ModelArgs) -> bool:
 
 
 def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32, token_ids: dict | None = None) -> dict:
-    """config.json: the LlamaConfig fields, plus ladder-train's own layout fields and, for a parallel or ladder
-    model, the ``auto_map`` to the transformers classes beside the weights. ``token_ids``: bos / eos / pad."""
+    """config.json: the LlamaConfig fields, plus ladder-train's own layout fields and, for a model a Llama does not
+    compute (parallel, ladder, desync), the ``auto_map`` to the transformers classes beside the weights.
+    ``token_ids``: bos / eos / pad."""
     llama = is_llama(args)
     config = {
         "architectures": ["LlamaForCausalLM" if llama else LADDER_ARCHITECTURE],
@@ -105,6 +110,8 @@ def hf_config(args: ModelArgs, dtype: torch.dtype = torch.float32, token_ids: di
         "residual": args.residual,
         "ladder_layers": args.ladder_layers,
     }
+    if args.residual == "desync":  # written only where they act: other layouts' configs stay as they were
+        config.update({key: getattr(args, key) for key in DESYNC_KEYS})
     return config if llama else {**config, "auto_map": AUTO_MAP}
 
 
@@ -169,6 +176,7 @@ def args_from_hf_config(config: dict) -> ModelArgs:
         "init_std": config.get("initializer_range", 0.02),
         "residual": config.get("residual", "standard"),
         "ladder_layers": config.get("ladder_layers"),
+        **{key: config.get(key, default) for key, default in DESYNC_KEYS.items()},
         "tie_embeddings": config.get("tie_word_embeddings", False),  # transformers' LlamaConfig default
         "rope_scaling": scaling,
     }
@@ -243,8 +251,8 @@ def export_tensors(path: Path, args: ModelArgs) -> dict[str, tuple[Path, str]]:
 def save_export(
     model: Transformer, out_dir: str | Path, dtype: torch.dtype = torch.float32, token_ids: dict | None = None
 ) -> Path:
-    """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model, and for a parallel
-    or ladder model the transformers files its ``auto_map`` names. A tied head is stored once, as the embedding."""
+    """Write ``model.safetensors`` (HF names) and ``config.json`` for a full (unsharded) model, and for a parallel,
+    ladder or desync model the transformers files its ``auto_map`` names. A tied head is stored once, as the embedding."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
