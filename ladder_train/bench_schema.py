@@ -19,7 +19,8 @@ FIELDS = {
     "model": "the --model source: a preset name, an export folder or a training checkpoint",
     "shape": "L{n_layers}-d{dim}-h{n_heads}-f{ffn_dim}-v{vocab_size} (shape_name)",
     "model_args": "every ModelArgs field of the model measured",
-    "layout": "residual layout: standard, parallel or ladder",
+    "layout": "residual layout: standard, parallel, ladder, or desync-K (every K-th module all-reduces; desync: a "
+    "saved model's own pattern; its fields in model_args)",
     "batch": "sequences generated at once",
     "prompt_len": "prompt tokens per sequence",
     "gen_len": "new tokens per sequence (the first from the prefill)",
@@ -32,6 +33,7 @@ FIELDS = {
     "ttft_ms": f"time to first token: {_DISTRIBUTION}",
     "tpot_ms": f"time per output token after it: {_DISTRIBUTION}",
     "tokens_per_s_runs": f"tokens_per_s per run: {_DISTRIBUTION}",
+    "all_reduces_per_decode_step": "reduce calls on the communicator in one decode step, counted (0 at TP 1)",
     "none": "the same figures with every all-reduce skipped (the no-communication ceiling), unless --no-ceiling",
     "module_ms": "{attention, mlp}: one decode step's compute of layer 0's modules on one rank",
     "weight_bytes_per_rank": "bytes of one rank's weights",

@@ -12,9 +12,9 @@ import torch
 from ..checkpoint import verify_checkpoint
 from ..errors import InputError
 from ..loading import resolve_source
-from ..model import PAPER_LAYOUTS
+from ..model import PAPER_LAYOUTS, desync_problems
 from ..model.tp_sharding import check_tp_degree
-from ..option_errors import OptionError, check_layouts
+from ..option_errors import OptionError, check_desync_tp, check_layouts, layout_fields, layout_name
 
 COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the timed runs replay only
 
@@ -22,11 +22,12 @@ COMPILED_WARMUP = 2  # cudagraph trees: a warm-up call, then the recording; the 
 @dataclass(frozen=True)
 class BenchOptions:
     """``models``: preset names, export folders or training checkpoints; ``layouts``: for presets (a saved model
-    has its own); ``overrides``: ModelArgs fields of a preset; ``tp``: the TP degree (None: 1, or torchrun's world
-    size); ``link_latency_ms`` / ``link_bandwidth_gbs``: an emulated serialised link (0 / None: the real one);
-    ``runs``: timed runs per case (None: 10 on a GPU, 3 on the CPU); ``compile``: auto (on with CUDA), on or off;
-    ``ceiling``: also measure without communication; ``out``: JSON lines file appended to; ``profile``: a folder
-    to trace one more generation of each case into."""
+    has its own): standard, parallel, ladder, or ``desync-K`` (every K-th module all-reduces, built for ``tp``);
+    ``overrides``: ModelArgs fields of a preset (``desync_layers``: desync layouts only); ``tp``: the TP degree
+    (None: 1, or torchrun's world size); ``link_latency_ms`` / ``link_bandwidth_gbs``: an emulated serialised link
+    (0 / None: the real one); ``runs``: timed runs per case (None: 10 on a GPU, 3 on the CPU); ``compile``: auto (on
+    with CUDA), on or off; ``ceiling``: also measure without communication; ``out``: JSON lines file appended to;
+    ``profile``: a folder to trace one more generation of each case into."""
 
     models: tuple[str, ...]
     layouts: tuple[str, ...] = PAPER_LAYOUTS
@@ -55,33 +56,64 @@ def is_saved_model(source: str) -> bool:
     return os.path.isdir(source)
 
 
+# the desync fields a desync-K layout's name sets; --set gives only desync_layers (a hybrid)
+NAMED_DESYNC_FIELDS = ("desync_tp", "desync_reduce_every", "desync_pattern")
+
+
+def layout_overrides(overrides: dict, layout: str, tp: int) -> dict:
+    """The ModelArgs fields of a preset measured as ``layout`` at TP ``tp``: ``overrides`` (``--set``), the desync
+    fields only for a desync layout, then the layout's own (``option_errors.layout_fields``)."""
+    fields = layout_fields(layout, tp)
+    kept = {k: v for k, v in overrides.items() if fields["residual"] == "desync" or not k.startswith("desync_")}
+    return {**kept, **fields}
+
+
 def measurements(options: BenchOptions, tp: int) -> list[tuple[str, str]]:
     """The (model source, layout) pairs to measure; validates everything before any process starts."""
-    _check_settings(options)
+    _check_settings(options, tp)
     pairs = []
     for source in options.models:
-        try:
-            found = resolve_source(source, **(options.overrides if not is_saved_model(source) else {}))
-            args, kind = found.args, found.kind
-            check_tp_degree(args, tp, source)
-            if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
-                verify_checkpoint(Path(source), no_dist=True)
-        except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
-            raise InputError(str(err)) from None
+        saved = is_saved_model(source)
+        for layout in options.layouts[:1] if saved else options.layouts:  # a saved model has its own layout
+            args = _checked_args(source, {} if saved else layout_overrides(options.overrides, layout, tp), tp)
+            pairs.append((source, layout_name(args) if saved else layout))
         if options.prompt_len + options.gen_len > args.max_seq_len:
             raise OptionError(
                 "{source}: {prompt_len} + {gen_len} exceed max_seq_len={max_seq_len}",
                 source=source,
                 max_seq_len=args.max_seq_len,
             )
-        pairs += [(source, layout) for layout in options.layouts] if kind == "preset" else [(source, args.residual)]
     return pairs
 
 
-def _check_settings(options: BenchOptions) -> None:
+def _checked_args(source: str, overrides: dict, tp: int):
+    """The ModelArgs of ``source`` (a preset with ``overrides``), checked for TP ``tp``: a damaged checkpoint or a
+    degree it cannot run fails here in one line, before any rank starts."""
+    try:
+        found = resolve_source(source, **overrides)
+        args, kind = found.args, found.kind
+        check_tp_degree(args, tp, source)
+        if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
+            verify_checkpoint(Path(source), no_dist=True)
+    except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
+        raise InputError(str(err)) from None
+    for message in desync_problems(args, str) if kind == "preset" else ():  # a folder's are checked as it is read
+        raise InputError(f"{source}: {message}")
+    return args
+
+
+def _check_settings(options: BenchOptions, tp: int) -> None:
     """Every option but the models, each refused in one line naming it."""
     layouts = options.layouts
     check_layouts(layouts)
+    check_desync_tp(layouts, tp)
+    named = [k for k in NAMED_DESYNC_FIELDS if k in options.overrides]
+    if named:
+        raise OptionError(
+            "{overrides} {key}: a desync layout's name sets it ({layouts} desync-K: every K-th module all-reduces, "
+            "built for {tp})",
+            key=named[0],
+        )
     runs_ok = options.runs is None or options.runs >= 1
     if options.gen_len < 2 or options.prompt_len < 1 or not runs_ok or options.warmup < 0:
         raise OptionError("need {gen_len} >= 2, {prompt_len} >= 1, {runs} >= 1, {warmup} >= 0")

@@ -120,7 +120,7 @@ def print_table(rows: list[dict], env: dict):
         )
     )
     head = (
-        f"{'model':<14}{'layout':<10}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'tok/s':>10}"
+        f"{'model':<14}{'layout':<10}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'ARs/step':>9}{'tok/s':>10}"
         f"{'speedup':>9}{'decode':>8}{'no-comm ms/tok':>16}{'ceiling':>9}{'comm share':>12}{'overlap eff':>13}"
     )
     print(head + "\n" + "-" * len(head))
@@ -132,7 +132,8 @@ def print_table(rows: list[dict], env: dict):
         none = r.get("none", {})
         print(
             f"{r['model'][-14:]:<14}{r['layout']:<10}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms_per_token']:>15.3f}"
-            f"{r['tokens_per_s']:>10.1f}{fmt(r.get('speedup_vs_standard'), '.2f', 8)}x"
+            f"{fmt(r.get('all_reduces_per_decode_step'), 'd', 9)}{r['tokens_per_s']:>10.1f}"
+            f"{fmt(r.get('speedup_vs_standard'), '.2f', 8)}x"
             f"{fmt(r.get('decode_speedup_vs_standard'), '.2f', 7)}x"
             f"{fmt(none.get('decode_ms_per_token'), '.3f', 16)}{fmt(r.get('ceiling_decode_speedup_vs_standard'), '.2f', 8)}x"
             f"{fmt(r.get('comm_share'), '.1%', 12)}{fmt(r.get('overlap_efficiency'), '.1%', 13)}"
@@ -145,6 +146,7 @@ def print_table(rows: list[dict], env: dict):
         if emulated:
             print(f"{model}: {latency_note(emulated, r['module_ms'])}")
     print(
+        "ARs/step: all-reduces per decode step, counted; "
         "speedup: end-to-end tokens/s (prefill included, the paper's definition) over standard's; decode, ceiling: "
         "decode ms/tok of standard / of this row; overlap eff (decode) = (t_std - t) / min(t_std - t_none, t_none)"
     )

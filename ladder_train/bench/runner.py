@@ -1,15 +1,17 @@
-"""The speed benchmark behind ``ladder-bench``: tokens/s of the standard, parallel and ladder layouts under
+"""The speed benchmark behind ``ladder-bench``: tokens/s of the standard, parallel, ladder and desync layouts under
 tensor parallelism (its flags: ``cli/bench.py``).
 
     ladder-bench --model 1.2B --tp 2 --layouts standard,parallel,ladder --batch-sizes 1,4,16,64
+    ladder-bench --model small --tp 2 --layouts standard,ladder,desync-2,desync-4 --link-latency-ms 2 --compile off
     torchrun --nproc-per-node 8 -m ladder_train.bench --model 3.5B-32h --out results.jsonl
 
 Without torchrun, ``--tp N`` spawns its N ranks itself (gloo on the CPU, one thread each). For every
 layout and batch size it measures a greedy generation (prefill + decode) with the real all-reduces and
 again with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports
 medians over the measured runs: the speedup over standard in the paper's terms (end-to-end tokens/s,
-batch x new tokens / wall time, prefill included) and, beside it, the decode-step speedup; the
-communication share 1 - t(none)/t(standard) and the overlap efficiency
+batch x new tokens / wall time, prefill included) and, beside it, the decode-step speedup; the all-reduces
+of one decode step, counted (``comm_count.py``: a desync-K layout, built for the TP degree it runs at, skips
+all but every K-th module's); the communication share 1 - t(none)/t(standard) and the overlap efficiency
 (t(standard) - t(layout)) / min(t(standard) - t(none), t(none)) of the decode step (docs/benchmarks.md).
 
 ``--link-latency-ms X [--link-bandwidth-gbs B]`` emulates a slow interconnect as one serialised link per
@@ -37,8 +39,9 @@ from ..inference import Generator, TPCommunicator, comm_mode_for, load_tp_model
 from ..inference.tp import make_communicator
 from ..option_errors import OptionError
 from ..parallel import free_port, init_distributed
+from .comm_count import all_reduces_per_decode_step
 from .module_times import module_times_ms, peak_memory
-from .options import COMPILED_WARMUP, BenchOptions, is_saved_model, measurements
+from .options import COMPILED_WARMUP, BenchOptions, is_saved_model, layout_overrides, measurements
 from .profiling import trace_generations
 from .results import cpu_model, derive, print_table, summarize
 
@@ -136,7 +139,7 @@ def run_rank(options: BenchOptions):
     group = dist.group.WORLD if env.world_size > 1 else None
     info = environment(env.device, env.world_size, options, compiled, dtype)
     try:
-        entries = load_entries(options, env.rank, env.world_size, env.device, dtype, group, compiled)
+        entries, reduces = load_entries(options, env.rank, env.world_size, env.device, dtype, group, compiled)
         if compiled:
             cases = sum(len(comms) for *_, comms in entries) * len(options.batch_sizes)
             allow_recompiles(cases)
@@ -148,7 +151,8 @@ def run_rank(options: BenchOptions):
             samples = measure_batch(options, entries, batch, env.device, group)
             memory = peak_memory(env.device)
             rows += [
-                {**row, **info, **memory} for row in batch_rows(options, entries, batch, samples, env.device, dtype)
+                {**row, **info, **memory}
+                for row in batch_rows(options, entries, reduces, batch, samples, env.device, dtype)
             ]
         if compiled:
             # prefill + decode graph per (model, communicator, batch size); more would be a recompile per step
@@ -167,12 +171,13 @@ def run_rank(options: BenchOptions):
             dist.destroy_process_group()
 
 
-def load_entries(options: BenchOptions, rank: int, world: int, device, dtype, group, compiled: bool) -> list:
+def load_entries(options: BenchOptions, rank: int, world: int, device, dtype, group, compiled: bool) -> tuple:
     """One sharded model per (source, layout), with its Generator and communicators (``real``, and ``none``
-    for the ceiling unless ``options.ceiling`` is off), measured in turn."""
-    entries = []
+    for the ceiling unless ``options.ceiling`` is off), measured in turn; and each one's all-reduces per decode
+    step, counted on ``real`` (``comm_count.py``)."""
+    entries, reduces = [], []
     for source, layout in measurements(options, world):
-        preset_overrides = {} if is_saved_model(source) else {**options.overrides, "residual": layout}
+        preset_overrides = {} if is_saved_model(source) else layout_overrides(options.overrides, layout, world)
         comms = {"real": None}
         if group is not None:
             link = (options.link_latency_ms, options.link_bandwidth_gbs)
@@ -182,9 +187,10 @@ def load_entries(options: BenchOptions, rank: int, world: int, device, dtype, gr
         model = load_tp_model(
             source, rank, world, device, dtype, seed=options.seed, group=group, comm=comms["real"], **preset_overrides
         )
+        reduces.append(all_reduces_per_decode_step(model, comms["real"], group))  # before gen allocates its cache
         gen = Generator(model, group, compile=compiled, backend=options.compile_backend)
         entries.append((source, layout, model, gen, comms))
-    return entries
+    return entries, reduces
 
 
 def measure_batch(options: BenchOptions, entries: list, batch: int, device, group) -> dict:
@@ -219,8 +225,11 @@ def measure_batch(options: BenchOptions, entries: list, batch: int, device, grou
     return samples
 
 
-def batch_rows(options: BenchOptions, entries: list, batch: int, samples: dict, device, dtype) -> list[dict]:
-    """One result row per entry for this batch size: medians, the ceiling, module times, weight reads."""
+def batch_rows(
+    options: BenchOptions, entries: list, reduces: list[int], batch: int, samples: dict, device, dtype
+) -> list[dict]:
+    """One result row per entry for this batch size: medians, the ceiling, the all-reduces per decode step,
+    module times, weight reads."""
     rows = []
     for index, (source, layout, model, _, comms) in enumerate(entries):
         row = {"model": source, "shape": shape_name(model.args), "layout": layout, "batch": batch}
@@ -229,6 +238,7 @@ def batch_rows(options: BenchOptions, entries: list, batch: int, samples: dict, 
         row.update(summarize(samples[(index, "real")], batch, options.gen_len))
         if "none" in comms:
             row["none"] = summarize(samples[(index, "none")], batch, options.gen_len)
+        row["all_reduces_per_decode_step"] = reduces[index]
         row["module_ms"] = module_times_ms(model, batch, options.prompt_len, device, dtype)
         # every decode step reads all of this rank's weights once (the tied head reads the embedding)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -1,4 +1,4 @@
-"""``ladder-bench``: tokens/s of the standard, parallel and ladder layouts under tensor parallelism; the
+"""``ladder-bench``: tokens/s of the standard, parallel, ladder and desync layouts under tensor parallelism; the
 measurement itself is ``bench/runner.py``, what it measures ``bench/options.py``."""
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ def parser() -> Parser:
         help="preset name, export folder or training checkpoint (RUN_DIR/checkpoints/step-N); several, comma-separated",
     )
     p.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="ModelArgs overrides of a preset")
-    p.add_argument("--layouts", default=",".join(DEFAULTS.layouts), help="for presets; a saved model has its own")
+    p.add_argument(
+        "--layouts",
+        default=",".join(DEFAULTS.layouts),
+        help="for presets (a saved model has its own): standard, parallel, ladder, desync-K (every K-th module "
+        "all-reduces, built for --tp; --set desync_layers=N: a hybrid)",
+    )
     p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULTS.batch_sizes)))
     p.add_argument("--prompt-len", type=positive_int, default=DEFAULTS.prompt_len)
     p.add_argument("--gen-len", type=int, default=DEFAULTS.gen_len)

@@ -1,5 +1,5 @@
-"""``ladder-predict``: PREDICTED prefill time, decode time per token and tokens/s of the standard, parallel
-and ladder layouts and of the no-communication ceiling under tensor parallelism, from a performance model
+"""``ladder-predict``: PREDICTED prefill time, decode time per token and tokens/s of the standard, parallel,
+ladder and desync-K layouts and of the no-communication ceiling under tensor parallelism, from a performance model
 (``predict/perfmodel.py``) and a hardware profile (``predict/hardware.yaml``). Nothing here is measured.
 
     ladder-predict --model llama-70b --gpu h100 --link nvlink --tp 8 --batch-sizes 1,4,16,64 \\
@@ -23,7 +23,7 @@ from .args import Parser, int_list, model_overrides, names, non_negative_float, 
 PROG = "ladder-predict"
 DEFAULTS = PredictOptions()
 # the options the library's messages name (OptionError): the grid's, and calibrate's and validate's
-NAMED = ("model", "gpu", "link", "layouts", "prompt_len", "gen_len", "link_latency_ms", "link_bandwidth_gbs")
+NAMED = ("model", "gpu", "link", "tp", "layouts", "prompt_len", "gen_len", "link_latency_ms", "link_bandwidth_gbs")
 NAMED += ("profile", "reps", "cases", "runs")
 FLAGS = {name: "--" + name.replace("_", "-") for name in NAMED} | {"overrides": "--set"}
 
@@ -54,7 +54,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default=",".join(map(str, DEFAULTS.batch_sizes)))
     p.add_argument("--prompt-len", type=positive_int, default=DEFAULTS.prompt_len)
     p.add_argument("--gen-len", type=positive_int, default=DEFAULTS.gen_len)
-    p.add_argument("--layouts", default=",".join(DEFAULTS.layouts))
+    p.add_argument(
+        "--layouts",
+        default=",".join(DEFAULTS.layouts),
+        help="standard, parallel, ladder, desync-K (every K-th module all-reduces, built for each --tp)",
+    )
     p.add_argument(
         "--ladder-layers", type=non_negative_int, default=None, help="hybrid: only the last N layers are ladder"
     )
@@ -117,6 +121,7 @@ def validate(argv: list[str]) -> int:
     p.add_argument("--cases", default=",".join(validation.CASES), help=f"a subset of {', '.join(validation.CASES)}")
     p.add_argument("--skip-calibrate", action="store_true", help="reuse OUT_DIR/cpu.yaml")
     p.add_argument("--skip-bench", action="store_true", help="reuse OUT_DIR/bench.jsonl (compare only)")
+    p.add_argument("--layouts", default=",".join(DEFAULTS.layouts), help="ladder-bench's --layouts (desync-K too)")
     opts = p.parse_args(argv)
     validation.validate(
         opts.out_dir,
@@ -124,6 +129,7 @@ def validate(argv: list[str]) -> int:
         names(opts.cases),
         calibrate_now=not opts.skip_calibrate,
         bench_now=not opts.skip_bench,
+        layouts=tuple(names(opts.layouts)),
     )
     return 0
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..bench_schema import WHERE, read_bench
 from ..errors import InputError
 from ..model import PAPER_LAYOUTS
+from ..option_errors import desync_every
 from .perfmodel import Emulated, predict_rows
 from .shapes import shape_from_fields
 
@@ -34,6 +35,20 @@ def _rel(pred: float | None, meas: float | None) -> float | None:
     return None if pred is None or not meas else pred / meas - 1
 
 
+def _setting(row: dict, shape, device, link: str | None) -> tuple[tuple, tuple]:
+    """What a row's prediction depends on (a key: rows of one key are predicted together) and the device, link and
+    emulated link it is predicted on: ``device`` compiled as the row ran, ``link`` or the profile's gloo (else its
+    first), the emulated link where the row had one."""
+    x = row.get("emulated_link_latency_ms") or 0.0
+    bw = row.get("link_bandwidth_gbs")
+    emulated = Emulated(x / 1e3, bw * 1e9 if bw else None) if x or bw else None
+    link_name = link or ("gloo" if "gloo" in device.links else next(iter(device.links)))
+    # a compiled run fuses kernels and reads the whole static cache, as the profile's `compiled` says
+    dev = dataclasses.replace(device, compiled=bool(row.get("compiled", device.compiled)))
+    key = (shape.key, dev.compiled, row["tp"], row["batch"], row["prompt_len"], row["gen_len"], emulated)
+    return key, (dev, link_name, emulated)
+
+
 def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tuple[list[dict], dict]:
     """Predict each bench row on ``device`` (its link unless ``link``; emulated where the row was) and the
     relative errors pred / measured - 1. Returns the per-row results and the mean absolute errors."""
@@ -44,19 +59,25 @@ def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tu
         shape_from_fields(r.get("shape") or r.get("model", "bench"), r["model_args"], True, r[WHERE]) for r in bench
     ]
     for row in bench:
-        if row["layout"] not in PAPER_LAYOUTS:
-            raise InputError(f"{row[WHERE]}: layout {row['layout']!r} is not one of {', '.join(PAPER_LAYOUTS)}")
-    for row, shape in zip(bench, shapes, strict=True):
-        x = row.get("emulated_link_latency_ms") or 0.0
-        bw = row.get("link_bandwidth_gbs")
-        emulated = Emulated(x / 1e3, bw * 1e9 if bw else None) if x or bw else None
-        link_name = link or ("gloo" if "gloo" in device.links else next(iter(device.links)))
-        # a compiled run fuses kernels and reads the whole static cache, as the profile's `compiled` says
-        dev = dataclasses.replace(device, compiled=bool(row.get("compiled", device.compiled)))
-        key = (shape.key, dev.compiled, row["tp"], row["batch"], row["prompt_len"], row["gen_len"], emulated)
+        if row["layout"] not in (*PAPER_LAYOUTS, "desync") and desync_every(row["layout"]) is None:
+            known = ", ".join(PAPER_LAYOUTS)
+            raise InputError(f"{row[WHERE]}: layout {row['layout']!r} is not one of {known}, desync or desync-K")
+    settings = [_setting(row, shape, device, link) for row, shape in zip(bench, shapes, strict=True)]
+    layouts: dict[tuple, set] = {}  # per setting, every layout its rows ask for: predicted together
+    for row, (key, _) in zip(bench, settings, strict=True):
+        layouts.setdefault(key, set()).add(row["layout"])
+    for row, shape, (key, (dev, link_name, emulated)) in zip(bench, shapes, settings, strict=True):
         if key not in cache:
             preds = predict_rows(
-                shape, dev, link_name, row["tp"], [row["batch"]], row["prompt_len"], row["gen_len"], emulated
+                shape,
+                dev,
+                link_name,
+                row["tp"],
+                [row["batch"]],
+                row["prompt_len"],
+                row["gen_len"],
+                emulated,
+                tuple(sorted(layouts[key])),
             )
             cache[key] = {r["layout"]: r for r in preds}
         pred = cache[key][row["layout"]]
@@ -66,7 +87,7 @@ def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tu
             "shape": shape.name,
             "layout": row["layout"],
             "batch": row["batch"],
-            "x_ms": x,
+            "x_ms": row.get("emulated_link_latency_ms") or 0.0,
             "pred_decode_ms": pred["decode_ms_per_token"],
             "meas_decode_ms": row["decode_ms_per_token"],
             "pred_speedup": pred["decode_speedup_vs_standard"],

@@ -12,7 +12,9 @@ Every figure it gives is a PREDICTION, not a measurement. Three parts:
   modelled time; ``wait`` blocks compute until it has ended. While an all-reduce is on the wire, compute
   runs at (1 - interference) speed: NCCL's kernels hold SMs, gloo's threads hold the CPU cores the ranks
   compute on. Nothing about overlap is a formula: the ladder's exposed last all-reduce, two all-reduces in
-  flight and the prefill all come out of the simulation.
+  flight and the prefill all come out of the simulation. A desync layout (``desync-K``) issues only the
+  all-reduces ``ModelArgs.layer_reduces`` names, each synchronous as standard's (desync is built on the standard
+  layout: nothing is overlapped), and computes what standard computes.
 
 Model shapes (presets, the paper's Llama sizes, a ``config.json``) are in ``shapes.py``.
 """
@@ -174,12 +176,16 @@ def module_kernels(
 # ---------------------------------------------------------------------------------------------- timeline
 
 
-def step_ops(layouts: list[str], t: dict[str, float], comm: bool = True) -> list[tuple]:
+def step_ops(
+    layouts: list[str], t: dict[str, float], comm: bool = True, reduces: list[tuple[bool, bool]] | None = None
+) -> list[tuple]:
     """The op sequence of one forward, as ``Transformer.forward`` and ``Block.forward`` run it.
 
     ``t`` gives compute seconds for ``embed``, ``attention``, ``mlp``, ``parallel``, ``head``; ops are
     ``("compute", s)``, ``("reduce", key, module)`` and ``("wait", key)``. ``comm=False``: the
-    no-communication ceiling (reduce and wait are the identity)."""
+    no-communication ceiling (reduce and wait are the identity). ``reduces``: per layer, whether its attention
+    and its MLP all-reduce (``ModelArgs.layer_reduces``), read by desync layers only: each module adds its output
+    as standard's does, and all-reduces (synchronously) only where it says."""
     ops: list[tuple] = [("compute", t["embed"])]
 
     def reduce(key, module):
@@ -200,11 +206,19 @@ def step_ops(layouts: list[str], t: dict[str, float], comm: bool = True) -> list
             reduce(f"m{i}", "mlp")
             wait(f"m{i}")
             pending_attn = pending_mlp = None
+        elif layout == "desync":
+            for module, key, reduced in zip(("attention", "mlp"), (f"a{i}", f"m{i}"), reduces[i], strict=True):
+                ops.append(("compute", t[module]))
+                if reduced:
+                    reduce(key, module)
+                    wait(key)
         elif layout == "parallel":
             ops.append(("compute", t["parallel"]))
             reduce(f"p{i}", "parallel")
             wait(f"p{i}")
             pending_attn = pending_mlp = None
+        elif layout != "ladder":  # a layout name (desync-K) is not a layer's layout: Shape.layout_args gives those
+            raise ValueError(f"step_ops: layer {i}'s layout {layout!r} is not standard, parallel, ladder or desync")
         else:  # ladder: wait on the previous attention before this attention, the previous MLP before this MLP
             wait(pending_attn)
             ops.append(("compute", t["attention"]))
@@ -288,12 +302,12 @@ def predict_step(
     emulated: Emulated | None = None,
 ) -> float:
     """Seconds of one forward of ``batch`` x ``q_len`` tokens over a ``kv_len`` cache; ``layout`` is one
-    of PAPER_LAYOUTS or ``none`` (the no-communication ceiling of that model's compute, standard's layers)."""
+    of PAPER_LAYOUTS, ``desync-K`` (``Shape.layout_args``) or ``none`` (the no-communication ceiling of that
+    model's compute, standard's layers)."""
     kernels = module_kernels(shape, device, tp, batch, q_len, kv_len)
     times = module_times(kernels, device)
     act = batch * q_len * shape.dim * device.dtype_bytes
-    comm = tp > 1 and layout != "none"
-    ops = step_ops(shape.layer_layouts("standard" if layout == "none" else layout), times, comm)
+    ops = layout_ops(shape, layout, tp, times)
 
     def cost(_module):
         parts = [("link", allreduce_s(link, act, tp, device), link.interference)]
@@ -304,6 +318,20 @@ def predict_step(
 
     # greedy decoding needs no token broadcast: the all-reduces make the logits equal on every rank
     return simulate(ops, cost)
+
+
+def layout_ops(shape: Shape, layout: str, tp: int, times: dict[str, float]) -> list[tuple]:
+    """The ops of one forward of ``shape`` as ``layout`` at TP ``tp`` (``step_ops``); ``none``: standard's
+    layers without communication, as at TP 1."""
+    args = shape.layout_args("standard" if layout == "none" else layout, tp)
+    return step_ops(args.layer_layouts(), times, tp > 1 and layout != "none", args.layer_reduces())
+
+
+def all_reduces_per_step(shape: Shape, layout: str, tp: int) -> int:
+    """The all-reduces one forward of ``layout`` issues at TP ``tp``: its communication per decode step (one
+    token of every sequence), from ``ModelArgs.layer_reduces``."""
+    times = dict.fromkeys(("embed", "attention", "mlp", "parallel", "head"), 0.0)
+    return sum(op[0] == "reduce" for op in layout_ops(shape, layout, tp, times))
 
 
 def predict_generation(
@@ -339,7 +367,8 @@ def predict_rows(
     emulated: Emulated | None = None,
     layouts=PAPER_LAYOUTS,
 ) -> list[dict]:
-    """One row per (batch, layout) plus the ``none`` ceiling, with speedups against standard."""
+    """One row per (batch, layout) plus the ``none`` ceiling, with speedups against standard and the all-reduces
+    per decode step."""
     check_tp_degree(shape.args, tp, shape.name)  # the TP loader's rule: KV heads split or replicated evenly
     if link_name not in device.links:
         raise InputError(f"profile {device.name}: no link {link_name!r} (has {', '.join(device.links)})")
@@ -352,17 +381,9 @@ def predict_rows(
         }
         std, none = results["standard"], results["none"]
         for lay, r in results.items():
-            row = {
-                "model": shape.name,
-                "gpu": device.name,
-                "link": link_name,
-                "tp": tp,
-                "batch": batch,
-                "layout": lay,
-                "prompt_len": prompt_len,
-                "gen_len": gen_len,
-                **r,
-            }
+            row = dict(model=shape.name, gpu=device.name, link=link_name, tp=tp, batch=batch, layout=lay)
+            row.update(prompt_len=prompt_len, gen_len=gen_len, **r)
+            row["all_reduces_per_decode_step"] = all_reduces_per_step(shape, lay, tp)
             row["speedup_vs_standard"] = r["tokens_per_s"] / std["tokens_per_s"]
             row["decode_speedup_vs_standard"] = std["decode_ms_per_token"] / r["decode_ms_per_token"]
             row["comm_share"] = 1 - none["decode_ms_per_token"] / std["decode_ms_per_token"]

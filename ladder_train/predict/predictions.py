@@ -1,14 +1,15 @@
-"""``ladder-predict``'s grid: PREDICTED prefill time, decode time per token and tokens/s of the standard,
-parallel and ladder layouts and of the no-communication ceiling under tensor parallelism, for every model, profile,
-link and TP degree asked, from the performance model (``perfmodel.py``) and a hardware profile (``hardware.yaml``).
-Nothing here is measured. ``cli/predict.py`` builds its options from the flags."""
+"""``ladder-predict``'s grid: PREDICTED prefill time, decode time per token, tokens/s and all-reduces per decode
+step of the standard, parallel, ladder and desync-K layouts and of the no-communication ceiling under tensor
+parallelism, for every model, profile, link and TP degree asked, from the performance model (``perfmodel.py``) and
+a hardware profile (``hardware.yaml``). Nothing here is measured. ``cli/predict.py`` builds its options from the
+flags."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..model import PAPER_LAYOUTS
-from ..option_errors import OptionError, check_layouts
+from ..option_errors import OptionError, check_desync_tp, check_layouts
 from .hardware import load_profiles
 from .perfmodel import Emulated, predict_rows
 from .shapes import resolve_shape
@@ -18,7 +19,8 @@ from .shapes import resolve_shape
 class PredictOptions:
     """What to predict: ``models`` (presets, ``llama-*`` names or config.json paths), ``gpus`` (profile names),
     ``links`` (a profile's links or ``emulated``; None: each profile's first), ``tps``, ``batch_sizes`` and
-    ``layouts``; ``ladder_layers``: a hybrid, only the last N layers ladder; ``overrides``: shape fields to replace;
+    ``layouts`` (``desync-K``: every K-th module all-reduces, built for each TP degree); ``ladder_layers``: a
+    hybrid, only the last N layers ladder; ``overrides``: shape fields to replace;
     ``profile``: a YAML file of profiles added to the shipped ones; ``link_latency_ms`` / ``link_bandwidth_gbs``:
     the emulated link's X and B (ladder-bench's)."""
 
@@ -79,6 +81,7 @@ def prediction_grid(options: PredictOptions) -> list[tuple]:
             for model in options.models:
                 shape = resolve_shape(model, options.ladder_layers, options.overrides)
                 for tp in options.tps:
+                    check_desync_tp(layouts, tp)
                     jobs.append((shape, device, link, tp, emulated))
     return jobs
 
@@ -102,18 +105,20 @@ def print_table(rows: list[dict]):
     w = max(len("model"), *(len(r["model"]) for r in rows)) + 2
     head = (
         f"{'model':<{w}}{'gpu':<6}{'link':<9}{'tp':>3}{'batch':>6} {'layout':<9}{'prefill ms':>11}"
-        f"{'decode ms/tok':>14}{'tok/s':>10}{'speedup':>9}{'decode sp':>10}{'comm share':>11}"
+        f"{'decode ms/tok':>14}{'ARs/step':>9}{'tok/s':>10}{'speedup':>9}{'decode sp':>10}{'comm share':>11}"
     )
     print(head + "\n" + "-" * len(head))
     for r in rows:
         print(
             f"{r['model']:<{w}}{r['gpu']:<6}{r['link']:<9}{r['tp']:>3}{r['batch']:>6} {r['layout']:<9}"
-            f"{r['prefill_ms']:>11.1f}{r['decode_ms_per_token']:>14.3f}{r['tokens_per_s']:>10.1f}"
+            f"{r['prefill_ms']:>11.1f}{r['decode_ms_per_token']:>14.3f}{r['all_reduces_per_decode_step']:>9}"
+            f"{r['tokens_per_s']:>10.1f}"
             f"{r['speedup_vs_standard']:>8.3f}x{r['decode_speedup_vs_standard']:>9.3f}x{r['comm_share']:>11.1%}"
         )
     print(
-        "speedup: tokens/s (prefill + decode) over standard's; decode sp: of the decode step; none: every all-reduce"
-        " skipped (the ceiling); comm share: 1 - t(none)/t(standard), decode step"
+        "ARs/step: all-reduces per decode step; speedup: tokens/s (prefill + decode) over standard's; decode sp: of"
+        " the decode step; none: every all-reduce skipped (the ceiling); comm share: 1 - t(none)/t(standard), decode"
+        " step"
     )
 
 

@@ -13,7 +13,7 @@ from ..errors import InputError
 from ..model.hf_format import args_from_hf_config
 from ..model.shape_checks import read_json_object
 from ..model.transformer import ModelArgs
-from ..option_errors import OptionError
+from ..option_errors import OptionError, layout_fields
 
 # The paper's size sweep, Llama architecture: untied output head, vocabulary 128256 unless given.
 LLAMA_SHAPES: dict[str, dict] = {
@@ -57,6 +57,21 @@ class Shape:
         """``ModelArgs.layer_layouts`` under ``residual``: a hybrid ladder keeps its first L - N layers standard."""
         return dataclasses.replace(self.args, residual=residual).layer_layouts()
 
+    def layout_args(self, layout: str, tp: int) -> ModelArgs:
+        """The ModelArgs of this shape as ``layout`` served at TP ``tp``: standard, parallel, ladder; ``desync-K``
+        built for ``tp`` (``option_errors.layout_fields``); ``desync``: the shape's own desync fields (a saved
+        model's), which must be built for ``tp``. A desync model's TP 1 emulation is not predicted."""
+        if layout == "desync":
+            args = dataclasses.replace(self.args, residual="desync")
+        else:
+            args = dataclasses.replace(self.args, **layout_fields(layout, tp))
+        if args.residual == "desync" and (args.desync_tp != tp or tp < 2):
+            raise InputError(
+                f"{self.name}: a desync model built for TP {args.desync_tp} is not predicted at TP {tp} "
+                "(it runs at its own degree; its TP 1 emulation is not modelled)"
+            )
+        return args
+
 
 def shape_from_fields(name: str, fields: dict, tied: bool, origin: str) -> Shape:
     """A Shape from ModelArgs-named fields (others are ignored); ``origin`` names the file or row in errors."""
@@ -71,12 +86,15 @@ def shape_from_fields(name: str, fields: dict, tied: bool, origin: str) -> Shape
     ladder_layers = fields.get("ladder_layers")
     if ladder_layers is not None and not 0 <= ladder_layers <= fields["n_layers"]:
         raise InputError(f"{origin}: ladder_layers={ladder_layers} not in 0..n_layers={fields['n_layers']}")
+    desync_layers = fields.get("desync_layers")
+    if desync_layers is not None and not 0 <= desync_layers <= fields["n_layers"]:
+        raise InputError(f"{origin}: desync_layers={desync_layers} not in 0..n_layers={fields['n_layers']}")
     kept = {k: v for k, v in fields.items() if k in _ARG_FIELDS and k not in ("residual", "tie_embeddings")}
     return Shape(name, ModelArgs(**{**kept, "n_kv_heads": kv, "ladder_layers": ladder_layers, "tie_embeddings": tied}))
 
 
 TIME_NEUTRAL = ("max_seq_len", "rope_theta", "norm_eps", "init_std")  # ModelArgs fields that cost nothing
-SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "ladder_layers")
+SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "ladder_layers", "desync_layers")
 
 
 def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict | None = None) -> Shape:

@@ -4,8 +4,9 @@ link and two emulated latencies X each, then print predicted against measured (`
 
 The three shapes span the regimes that decide what overlap can do: small latency-bound modules (batch 1,
 hidden 2304), larger memory-bound ones (batch 1, hidden 4096) and compute-bound ones (batch 64, hidden 3072);
-for each, one X below its modules' decode compute and one above. Run it on a quiet machine (it takes
-~10 minutes on 2 cores): timings taken while other jobs share the cores are distorted.
+for each, one X below its modules' decode compute and one above. ``--layouts`` as ladder-bench's (``desync-K``
+too). Run it on a quiet machine (it takes ~10 minutes on 2 cores, with the three layouts): timings taken while
+other jobs share the cores are distorted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, RunFailed
-from ..option_errors import OptionError
+from ..model import PAPER_LAYOUTS
+from ..option_errors import OptionError, check_layouts
 
 PROG = "ladder-predict validate"
 
@@ -27,7 +29,9 @@ CASES = {
 }
 
 
-def bench_command(fields: str, batch: int, prompt: int, gen: int, x_ms: float, runs: int, out: Path) -> list[str]:
+def bench_command(
+    fields: str, batch: int, prompt: int, gen: int, x_ms: float, runs: int, out: Path, layouts=PAPER_LAYOUTS
+) -> list[str]:
     command = [
         sys.executable,
         "-m",
@@ -40,11 +44,18 @@ def bench_command(fields: str, batch: int, prompt: int, gen: int, x_ms: float, r
     ]
     command += ["--tp", "2", "--batch-sizes", str(batch), "--prompt-len", str(prompt), "--gen-len", str(gen)]
     command += ["--runs", str(runs), "--warmup", "1", "--compile", "off", "--link-latency-ms", str(x_ms)]
+    command += ["--layouts", ",".join(layouts)]
     return [*command, "--out", str(out)]
 
 
 def validate(
-    out_dir: str, runs: int = 3, cases: list[str] | None = None, *, calibrate_now: bool = True, bench_now: bool = True
+    out_dir: str,
+    runs: int = 3,
+    cases: list[str] | None = None,
+    *,
+    calibrate_now: bool = True,
+    bench_now: bool = True,
+    layouts=PAPER_LAYOUTS,
 ) -> None:
     """Calibrate into OUT_DIR/cpu.yaml, run ladder-bench into OUT_DIR/bench.jsonl, compare into compare.txt;
     ``calibrate_now`` / ``bench_now`` False reuse the file of an earlier run."""
@@ -52,6 +63,7 @@ def validate(
     bad = [c for c in cases if c not in CASES]
     if bad or not cases or runs < 1:
         raise OptionError("{cases} must name some of {known} and {runs} be >= 1", known=", ".join(CASES))
+    check_layouts(layouts)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     profile, bench = out / "cpu.yaml", out / "bench.jsonl"
@@ -68,7 +80,7 @@ def validate(
         fields, batch, prompt, gen, xs = CASES[name]
         for x in (0, *xs):
             print(f"\n{PROG}: {name}, X = {x} ms", flush=True)
-            subprocess.run(bench_command(fields, batch, prompt, gen, x, runs, bench), check=True)
+            subprocess.run(bench_command(fields, batch, prompt, gen, x, runs, bench, layouts), check=True)
     compare = [sys.executable, "-m", "ladder_train.predict", "--compare", str(bench), "--profile", str(profile)]
     result = subprocess.run(compare, capture_output=True, text=True)
     if result.returncode:

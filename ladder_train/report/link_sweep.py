@@ -30,7 +30,8 @@ def predicted_decode_ms(row: dict, latency_ms: float) -> float:
     attention, mlp = row["module_ms"]["attention"], row["module_ms"]["mlp"]
     rest = max(row["none"]["decode_ms_per_token"] - shape.n_layers * (attention + mlp), 0.0)
     times = {"embed": 0.0, "attention": attention, "mlp": mlp, "parallel": attention + mlp, "head": rest}
-    ops = step_ops(shape.layer_layouts(row["layout"]), times, comm=True)
+    args = shape.layout_args(row["layout"], row["tp"])  # a desync row all-reduces only where its pattern says
+    ops = step_ops(args.layer_layouts(), times, comm=True, reduces=args.layer_reduces())
     return simulate(ops, lambda _module: [("link", latency_ms, 0.0)])
 
 

@@ -75,6 +75,7 @@ def bench_table(rows: list[dict]) -> str:
         "ceiling tokens/s",
         "comm share",
         "overlap efficiency",
+        "all-reduces / decode step",
     ]
     table = []
     for r in rows:
@@ -96,6 +97,7 @@ def bench_table(rows: list[dict]) -> str:
                 "—" if not none else f"{none['tokens_per_s']:,.1f}",
                 "—" if share is None else f"{100 * share:.1f} %",
                 "—" if efficiency is None else f"{100 * efficiency:.0f} %",
+                str(r.get("all_reduces_per_decode_step", "—")),  # counted by ladder-bench (older rows: none)
             ]
         )
     return markdown_table(header, table)
