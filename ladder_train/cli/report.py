@@ -31,13 +31,20 @@ def run(argv: list[str]) -> int:
         default=None,
         help="flag paired intervals whose half-width is at least this (e.g. 0.01 nats): too wide to resolve it",
     )
+    parser.add_argument(
+        "--predictions",
+        type=Path,
+        default=None,
+        help="ladder-predict --out rows (one model, profile, TP degree): a study's layouts charted against "
+        "communication, labelled with their predicted speedups",
+    )
     parser.add_argument("--bench", action="append", type=Path, default=[], help="ladder-bench JSON lines (repeatable)")
     parser.add_argument("--out", type=new_output_folder, required=True)
     args = parser.parse_args(argv)
     if not args.runs and not args.bench:
         parser.error("give run folders, --bench files, or both")
     try:
-        report = write_report(args.runs, args.out, args.bench, args.baseline, args.resolution)
+        report = write_report(args.runs, args.out, args.bench, args.baseline, args.resolution, args.predictions)
     except OptionError as err:
         raise InputError(err.naming(FLAGS)) from None
     print(f"report written to {report}")

@@ -17,6 +17,7 @@ from ..bench_schema import read_bench
 from ..config import ConfigError
 from ..option_errors import OptionError
 from ..study import Group, default_baseline, group_runs, seeded, sweeps
+from .layout_chart import layout_section
 from .runs import Run, read_run
 from .study import comparison_section, plot_paired_validation, seeds_section, sweep_section
 from .tables import markdown_table, plot_loss, plot_lr, results_table, runs_table
@@ -52,6 +53,7 @@ def write_report(
     bench_files: list[Path] = (),
     baseline: str | None = None,
     resolution: float | None = None,
+    predictions: Path | None = None,
 ) -> Path:
     runs = [read_run(path) for path in find_runs(run_dirs)]  # every input is checked before anything is written
     bench_rows = [row for path in bench_files for row in read_bench(path)]
@@ -67,7 +69,7 @@ def write_report(
         else:  # a study's runs are in name order, which makes no baseline: its comparisons are the sections below
             lines.append(markdown_table(*runs_table(runs)))
         lines.append("")
-        lines += _study_sections(runs, out, baseline, resolution)
+        lines += _study_sections(runs, out, baseline, resolution, predictions)
         lines += ["## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
         lines += ["## Learning rate", "", f"![learning rate]({plot_lr(runs, out).name})", ""]
     if bench_rows:
@@ -77,7 +79,9 @@ def write_report(
     return report
 
 
-def _study_sections(runs: list[Run], out: Path, baseline: str | None, resolution: float | None) -> list[str]:
+def _study_sections(
+    runs: list[Run], out: Path, baseline: str | None, resolution: float | None, predictions: Path | None = None
+) -> list[str]:
     groups = group_runs(runs)
     lines = []
     lr_sweeps = sweeps(groups)
@@ -93,6 +97,9 @@ def _study_sections(runs: list[Run], out: Path, baseline: str | None, resolution
             lines += ["## Paired comparison", "", *comparison_section(compared, base, resolution), ""]
             plot = plot_paired_validation(compared, base, out, resolution)
             lines += [f"![paired validation differences]({plot.name})", ""]
+            if predictions is not None:
+                lines += ["## Layouts: quality, communication, predicted speed", ""]
+                lines += [*layout_section(compared, base, predictions, out), ""]
     return lines
 
 

@@ -1,0 +1,165 @@
+"""Every layout of the layout study on one chart (issue 43): quality against communication and predicted speed.
+
+Quality: a layout's paired difference of the final validation loss to the baseline (standard at the study's depth),
+mean over the seeds with its 95 % t interval, from the committed seed runs. Communication: the all-reduces one token
+makes per layer under tensor parallelism (standard 2; parallel 1; the ladder 2, each hidden behind the next module;
+desync-K 2/K). Speed: ladder-predict's PREDICTED decode speedup over standard of the same layout at the paper's
+1.2B shape, from committed prediction rows (never measured here). The study's controls (other depths) are left out.
+
+    ladder-report docs/results/study_small/seeds --predictions docs/results/predict/layouts_1.2B_tp8.jsonl ...
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InputError
+from ..plots import new_figure, save_figure
+from ..study import Group, compare_groups
+from .tables import markdown_table
+
+
+@dataclass
+class LayoutPoint:
+    layout: str  # standard | parallel | ladder | desync-K
+    pairs: int
+    difference: float  # paired difference of the final validation loss to the baseline (0 for the baseline)
+    interval: tuple[float, float] | None  # its 95 % t interval (None for the baseline or a single pair)
+    all_reduces_per_layer: float
+    overlapped: bool  # the ladder's all-reduces run behind the next module
+
+
+def layout_name(model) -> str:
+    """The name ladder-bench and ladder-predict give the layout of a run's ``model`` config."""
+    if model.residual == "desync":
+        return f"desync-{model.desync_reduce_every}" if model.desync_pattern is None else "desync (pattern)"
+    return model.residual
+
+
+def all_reduces_per_layer(model) -> float:
+    """The all-reduces per token and layer the layout makes under TP (ModelArgs.layer_reduces; parallel: one for
+    its two modules)."""
+    from ..config import model_args
+
+    args = model_args(model)
+    count = sum(
+        1 if layout == "parallel" else attention + mlp
+        for layout, (attention, mlp) in zip(args.layer_layouts(), args.layer_reduces(), strict=True)
+    )
+    return count / args.n_layers
+
+
+def layout_points(groups: list[Group], baseline: Group) -> list[LayoutPoint]:
+    """One point per group of seeds at the baseline's depth (the controls of other depths left out)."""
+    depth = baseline.runs[0].config.model.n_layers
+    same_depth = [g for g in groups if g.runs[0].config.model.n_layers == depth]
+    points = []
+    for row in compare_groups(same_depth, baseline):
+        if not row.metric.name.startswith("validation loss"):
+            continue
+        model = row.group.runs[0].config.model
+        diff = row.difference
+        interval = None if diff is None or diff.n < 2 else (diff.low, diff.high)
+        pairs = len(row.group.runs) if diff is None else diff.n
+        mean = 0.0 if diff is None else diff.mean
+        reduces = all_reduces_per_layer(model)
+        points.append(LayoutPoint(layout_name(model), pairs, mean, interval, reduces, model.residual == "ladder"))
+    return points
+
+
+def read_predictions(path: Path, batch: int = 1) -> tuple[dict[str, dict[str, float]], str]:
+    """layout -> link -> ladder-predict's decode speedup over standard at ``batch`` (its ``--out`` rows of one
+    model, profile and TP degree), and that setting in words."""
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: not ladder-predict rows ({err})") from None
+    chosen = [row for row in rows if isinstance(row, dict) and row.get("prediction") and row.get("batch") == batch]
+    settings = {(row["model"], row["gpu"], row["tp"]) for row in chosen}
+    if len(settings) != 1:
+        raise InputError(f"{path}: needs ladder-predict rows of one model, profile and TP degree at batch {batch}")
+    speedups: dict[str, dict[str, float]] = {}
+    for row in chosen:
+        if row["layout"] != "none":
+            speedups.setdefault(row["layout"], {})[row["link"]] = row["decode_speedup_vs_standard"]
+    model, gpu, tp = settings.pop()
+    return speedups, f"{model} at TP {tp}, batch {batch}, {gpu} profile"
+
+
+def layout_section(groups: list[Group], baseline: Group, predictions: Path, out: Path) -> list[str]:
+    """The chart and its table: quality, communication, predicted speed per layout."""
+    speedups, setting = read_predictions(predictions)
+    points = layout_points(groups, baseline)
+    links = sorted({link for by_link in speedups.values() for link in by_link})
+    header = ["layout", "pairs", "paired difference", "95 % interval", "all-reduces per token and layer"]
+    header += [f"predicted decode speedup, {link}" for link in links]
+    rows = []
+    for point in points:
+        interval = "—" if point.interval is None else f"[{point.interval[0]:+.4f}, {point.interval[1]:+.4f}]"
+        hidden = " (hidden)" if point.overlapped else ""
+        cells = [point.layout, str(point.pairs), f"{point.difference:+.4f}", interval]
+        cells.append(f"{point.all_reduces_per_layer:g}{hidden}")
+        cells += [
+            f"{speedups[point.layout][link]:.2f}x" if link in speedups.get(point.layout, {}) else "—" for link in links
+        ]
+        rows.append(cells)
+    chart = plot_layouts(points, speedups, out / "layouts.png", setting)
+    return [
+        f"Paired difference of the final validation loss to {baseline.label} (as above); all-reduces per token and "
+        "layer under tensor parallelism (the ladder's run behind the next module); the decode speedup over standard "
+        f"is PREDICTED by ladder-predict ({predictions}: {setting}), not measured.",
+        "",
+        markdown_table(header, rows),
+        "",
+        f"![layouts: quality against communication]({chart.name})",
+    ]
+
+
+def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_setting: str) -> Path:
+    fig, ax = new_figure(8, 4.8)
+    for i, point in enumerate(points):
+        color = f"C{i}"
+        if point.interval is not None:
+            low, high = point.interval
+            ax.errorbar(
+                point.all_reduces_per_layer,
+                point.difference,
+                yerr=[[point.difference - low], [high - point.difference]],
+                fmt="none",
+                ecolor=color,
+                capsize=4,
+            )
+        ax.plot(
+            point.all_reduces_per_layer,
+            point.difference,
+            "o",
+            color=color,
+            markerfacecolor="white" if point.overlapped else color,
+            markersize=9,
+            label=f"{point.layout} (n={point.pairs})" + (": all-reduces hidden" if point.overlapped else ""),
+        )
+        predicted = speedups.get(point.layout, {})
+        note = " / ".join(f"{v:.2f}x {link}" for link, v in sorted(predicted.items()))
+        if note:
+            ax.annotate(
+                note,
+                (point.all_reduces_per_layer, point.difference),
+                textcoords="offset points",
+                xytext=(8, 6),
+                fontsize=7,
+                color=color,
+            )
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xlim(0, 2.4)
+    return save_figure(
+        fig,
+        ax,
+        out,
+        title="Layouts: quality against communication\n"
+        f"(labels: PREDICTED decode speedup over standard, {title_setting})",
+        xlabel="all-reduces per token and layer under tensor parallelism",
+        ylabel="validation loss − standard's, paired (nats/byte, 95 % t interval)",
+        legend_size=8,
+    )

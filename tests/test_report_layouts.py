@@ -1,0 +1,59 @@
+"""The layouts chart of a study report (``ladder-report --predictions``, report/layout_chart.py): each layout's paired
+difference to standard against its all-reduces per token and layer, labelled with ladder-predict's predicted decode
+speedups; made from the committed study seeds and prediction rows."""
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from ladder_train.config import load_config
+from ladder_train.errors import InputError
+from ladder_train.report import write_report
+from ladder_train.report.layout_chart import all_reduces_per_layer, layout_name, read_predictions
+
+REPO = Path(__file__).resolve().parents[1]
+SEEDS = REPO / "docs/results/study_small/seeds"
+PREDICTIONS = REPO / "docs/results/predict/layouts_1.2B_tp8.jsonl"
+
+
+@pytest.mark.parametrize(
+    "overrides, name, per_layer",
+    [
+        ([], "standard", 2),
+        (["model.residual=parallel"], "parallel", 1),
+        (["model.residual=ladder"], "ladder", 2),
+        (["model.residual=desync", "model.desync_tp=2"], "desync-2", 1),
+        (
+            ["model.residual=desync", "model.desync_tp=2", "model.desync_reduce_every=4", "model.n_layers=8"],
+            "desync-4",
+            0.5,
+        ),
+        (["model.residual=desync", "model.desync_tp=2", "model.desync_layers=1", "model.n_layers=4"], "desync-2", 1.75),
+    ],
+)
+def test_layout_names_and_their_all_reduces_per_layer(overrides, name, per_layer):
+    model = load_config(None, ["model.dim=32", "model.n_heads=4", "model.ffn_dim=64", *overrides]).model
+    assert layout_name(model) == name
+    assert all_reduces_per_layer(model) == per_layer
+
+
+def test_the_study_report_charts_the_layouts_with_their_predicted_speedups(tmp_path):
+    report = write_report([SEEDS], tmp_path, resolution=0.01, predictions=PREDICTIONS).read_text()
+    section = report.split("## Layouts: quality, communication, predicted speed\n", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines() if line.startswith("| ")}
+    # the study's committed seeds: the ladder's paired difference and interval as results.md quotes them
+    assert rows["ladder"] == "| ladder | 3 | +0.0477 | [+0.0055, +0.0899] | 2 (hidden) | 1.67x | 1.42x |"
+    assert rows["parallel"].startswith("| parallel | 3 | +0.0162 | [-0.0122, +0.0445] | 1 | 1.39x | 1.56x")
+    assert "model.n_layers=4" not in section and "model.n_layers=6" not in section  # controls left out
+    assert "PREDICTED by ladder-predict" in section and "1.2B at TP 8, batch 1, h100 profile" in section
+    assert Image.open(tmp_path / "layouts.png").size[0] > 500
+
+
+def test_predictions_of_two_settings_are_refused(tmp_path):
+    rows = PREDICTIONS.read_text() + PREDICTIONS.read_text().replace('"tp": 8', '"tp": 4')
+    (tmp_path / "p.jsonl").write_text(rows)
+    with pytest.raises(InputError, match=r"p.jsonl: needs ladder-predict rows of one model, profile and TP degree"):
+        read_predictions(tmp_path / "p.jsonl")
+    speedups, setting = read_predictions(PREDICTIONS)
+    assert speedups["desync-4"] == {"nvlink": pytest.approx(1.616, abs=1e-3), "pcie": pytest.approx(2.061, abs=1e-3)}
