@@ -68,7 +68,11 @@ def apply_compile(model: Transformer, backend: str | None = None) -> None:
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
     """Shard every block, then the root (embeddings, final norm). bf16 compute keeps fp32 master
     weights and reduces gradients in fp32. The last block and the root stay unsharded after forward, as
-    backward needs them first."""
+    backward needs them first. One replica shards over the shard dimension alone: on the 2-D mesh FSDP2 takes its
+    HSDP path even then, an all-reduce over a group of one per block and micro-batch, and when gradients
+    accumulate every block's fp32 reduce output is held until the backward ends (pytorch/pytorch#179128)."""
+    if mesh.ndim == 2 and mesh.shape[0] == 1:
+        mesh = mesh["dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     # FSDP hands each block its inputs as autograd views, and the first ladder block returns its input
     # stream untouched (its outputs join one module late), so FSDP warns that a view could lose its

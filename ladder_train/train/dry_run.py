@@ -19,55 +19,108 @@ from ..parallel import BatchSplit, build_mesh, parallelize, resolve_degrees, res
 GIB = 2**30
 
 
+def block_bytes_per_token(args, layout: str, compiled: bool, stream_inputs: tuple[bool, bool] = (False, False)) -> int:
+    """Bytes one block keeps for its backward per token, bf16, counted from the tensors autograd saves (held against
+    autograd's own record by tests/test_memory_plan.py). Eager: each RMSNorm keeps its fp32 input (4h), the normalised
+    bf16 value (2h), its output as the next matmul's input (2h) and one fp32 rsqrt; attention keeps q, k, v as the
+    kernel sees them (k and v repeated to every head) and its output (2h each) with one fp32 log-sum-exp per head;
+    the SwiGLU MLP keeps gate, SiLU(gate), up and their product (2f each). A compiled block (inductor's min-cut
+    partitioner) recomputes the norms' fp32 math and the SiLU: it keeps the block's input and each norm's output
+    (2h each), q, k, v, the attention output and its reshaped copy (2h each), gate, up and their product (2f each).
+    A desync layer emulating t streams keeps the same matmul activations (each stream runs 1/t of the heads and hidden
+    units), but a module whose input is still t separate streams (``stream_inputs``: its predecessor did not
+    all-reduce; desync_stream_inputs) normalises t copies: t - 1 more of its norm's tensors (eager 8h + 4, compiled
+    4h + 4). Above n_kv_heads streams, the KV heads each stream computes for itself are not counted."""
+    h, f = args.dim, args.ffn_dim
+    norms = 1 if layout == "parallel" else 2
+    small = 4 * args.n_heads + 4 * norms  # the log-sum-exp and the rsqrt, fp32
+    extra_streams = (args.desync_tp - 1) if layout == "desync" else 0
+    copies = extra_streams * sum(stream_inputs)
+    if compiled:
+        return 2 * h * (1 + norms) + 10 * h + 6 * f + small + copies * (4 * h + 4)
+    return norms * 8 * h + 8 * h + 8 * f + small + copies * (8 * h + 4)
+
+
+def desync_stream_inputs(args) -> list[tuple[bool, bool]]:
+    """Per layer: whether its attention's and its MLP's input is still t separate streams (the module before did not
+    all-reduce). Standard layers and the first desync module read one stream."""
+    inputs, previous_reduced = [], True
+    for attention, mlp in args.layer_reduces():
+        inputs.append((not previous_reduced, not attention))
+        previous_reduced = mlp
+    return inputs
+
+
+def checkpointed_bytes_per_token(args, layout: str, mode: str) -> int:
+    """What a checkpointed block keeps per token: its inputs (the ladder's stream and its two pending outputs); under
+    ``selective`` also the outputs of the ops SAVED_IN_SELECTIVE names (q, k, v, attention with its log-sum-exp, the
+    output projection, gate, up, down)."""
+    h, f, kv = args.dim, args.ffn_dim, args.n_kv_heads * args.head_dim
+    inputs = 2 * h * (3 if layout == "ladder" else 1)
+    if mode != "selective":
+        return inputs
+    return inputs + 2 * (h + 2 * kv) + 2 * h + 4 * args.n_heads + 2 * h + 4 * f + 2 * h
+
+
 def activation_bytes(cfg: Config, micro_batch: int) -> dict[str, float]:
-    """Activation memory of one micro-batch on one GPU, bf16, after Korthikanti et al. 2022 (eq. 2, with
-    flash attention so no s^2 term): 34·s·b·h bytes per layer; with full checkpointing only each block's
-    input (2·s·b·h) is kept plus one block's full set. Logits and their gradient are fp32 (8 bytes)."""
-    m = cfg.model
-    s, b, h, layers = cfg.data.seq_len, micro_batch, m.dim, m.n_layers
-    per_layer = 34 * s * b * h
-    mode = cfg.parallel.activation_checkpoint
-    checkpointed = 0 if mode == "none" else layers if mode == "full" else len(range(0, layers, cfg.parallel.ac_every))
-    blocks = (layers - checkpointed) * per_layer + checkpointed * 2 * s * b * h + (per_layer if checkpointed else 0)
-    logits = 8 * s * b * m.vocab_size
-    return {"blocks": blocks, "logits": logits}
+    """Activation memory of one micro-batch on one GPU in its backward. ``blocks``: what every block keeps
+    (block_bytes_per_token), a checkpointed block only checkpointed_bytes_per_token, and the final norm (eager, as
+    in a block). ``logits``: the loss's fp32 temporaries at the start of the backward, 12 bytes per token and
+    vocabulary entry: the log-softmax output the loss keeps, the gradient of the loss with respect to it and the
+    gradient of the logits (the logits themselves are not kept: micro_batches.py). ``recompute``: one checkpointed
+    block's full set while it is recomputed, later in the backward, once the loss's temporaries are gone."""
+    args = model_args(cfg.model)
+    tokens = cfg.data.seq_len * micro_batch
+    mode, compiled = cfg.parallel.activation_checkpoint, cfg.parallel.compile
+    blocks, recompute = 8 * args.dim + 4, 0  # the final norm
+    streams = desync_stream_inputs(args)
+    for i, layout in enumerate(args.layer_layouts()):
+        full = block_bytes_per_token(args, layout, compiled, streams[i])
+        checkpointed = mode in ("full", "selective") or (mode == "every_n" and i % cfg.parallel.ac_every == 0)
+        blocks += checkpointed_bytes_per_token(args, layout, mode) if checkpointed else full
+        recompute = max(recompute, full if checkpointed else 0)
+    return {"blocks": tokens * blocks, "recompute": tokens * recompute, "logits": 12 * tokens * args.vocab_size}
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes per GPU of a training step: sharded states, gathered compute copies, activations, logits; and what
-    keeping every block's parameters gathered with unsharded gradients over the micro-batches adds."""
+    """Bytes per GPU of a training step at its peak, the start of a micro-batch's backward: the parts, then the two
+    totals. ``sharded``: FSDP gathers and reduces on every micro-batch. ``unsharded``: every block stays gathered
+    over the step, its gradient accumulated unsharded in fp32 and reduced once, by the last micro-batch."""
 
-    states: float
+    states: float  # fp32 weights, gradients and Adam's two moments, sharded
     gathered: float
     activations: float
     logits: float
-    unsharded_extra: float
+    sharded: float
+    unsharded: float
 
     @property
-    def sharded(self) -> float:
-        return self.states + self.gathered + self.activations + self.logits
-
-    @property
-    def unsharded(self) -> float:
-        return self.sharded + self.unsharded_extra
+    def unsharded_extra(self) -> float:
+        return self.unsharded - self.sharded
 
 
-def memory_plan(cfg: Config, args, local_params: int, micro_batch: int, device: torch.device) -> MemoryPlan:
+def memory_plan(
+    cfg: Config, args, local_params: int, micro_batch: int, device: torch.device, accumulation: int
+) -> MemoryPlan:
+    """The plan of ``accumulation`` micro-batches of ``micro_batch`` sequences per step. The optimizer step adds
+    nothing on a GPU: fused AdamW updates in place (a foreach AdamW would add 4 bytes per local parameter)."""
     counts = count_params(args)
     dtype_bytes = 2 if resolve_dtype(cfg.train.dtype, device) == torch.bfloat16 else 4
+    total, local = counts["total"], local_params
     block_params = (counts["non_embedding"] - args.dim) / args.n_layers
     acts = activation_bytes(cfg, micro_batch)
-    return MemoryPlan(
-        states=16 * local_params,  # fp32 weights, fp32 gradients, Adam's two moments, all sharded
-        # unsharded compute copies in flight: the current and the prefetched block, and the root's embedding
-        gathered=dtype_bytes * (2 * block_params + counts["embedding"]),
-        activations=acts["blocks"],
-        logits=acts["logits"],
-        # every block gathered at once in the compute dtype, and its unsharded gradient accumulated in fp32
-        # (FSDP2 accumulates in reduce_dtype while gradient sync is off)
-        unsharded_extra=dtype_bytes * (counts["total"] - 2 * block_params - counts["embedding"]) + 4 * counts["total"],
-    )
+    # unsharded compute copies in flight: the current and the prefetched block, and the root's embedding
+    gathered = dtype_bytes * (2 * block_params + counts["embedding"])
+    in_backward = acts["blocks"] + max(acts["logits"], acts["recompute"])
+    # zero_grad(set_to_none) leaves no gradient to the first micro-batch; the later ones find the sharded gradients
+    # (HSDP: its partial reductions) of the earlier ones
+    weights, earlier = 12 * local, (4 * local if accumulation > 1 else 0)
+    sharded = max(weights + earlier + gathered + in_backward, 16 * local)
+    # kept unsharded: every block gathered, an fp32 accumulator per gradient from the first micro-batch on; sharded
+    # gradients only appear in the last one's reduction, as each block's accumulator goes
+    unsharded = max(weights + dtype_bytes * total + (4 * total if accumulation > 1 else 0) + in_backward, 16 * local)
+    return MemoryPlan(16 * local, gathered, acts["blocks"], acts["logits"], sharded, unsharded)
 
 
 def choose_accumulation(setting: str, plan: MemoryPlan, device: torch.device) -> tuple[str, str]:
@@ -104,7 +157,7 @@ def largest_fitting_micro_batch(
     """The largest micro-batch (a divisor of the sequences per rank) whose plan fits 90 % of ``capacity`` bytes."""
     best = None
     for micro in (m for m in range(1, per_rank + 1) if per_rank % m == 0):
-        plan = memory_plan(cfg, args, local_params, micro, torch.device("cuda"))
+        plan = memory_plan(cfg, args, local_params, micro, torch.device("cuda"), per_rank // micro)
         if (plan.unsharded if unsharded else plan.sharded) <= 0.9 * capacity:
             best = (micro, plan)
     return best
@@ -132,7 +185,7 @@ def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> 
     finally:
         dist.destroy_process_group()
 
-    plan = memory_plan(cfg, args, local_params, batch.micro_batch, torch.device("cuda"))
+    plan = memory_plan(cfg, args, local_params, batch.micro_batch, torch.device("cuda"), batch.accumulation)
     lines = [
         f"dry run: {cfg.run.name} | {nodes} nodes x {gpus} GPUs = {world} processes",
         f"mesh {mesh_shape} (dp_replicate, dp_shard): {'HSDP' if replicate > 1 and shard > 1 else 'FSDP' if replicate == 1 else 'DP'}",
@@ -140,10 +193,10 @@ def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> 
         f"{local_params:,} per GPU",
         f"global batch {batch.global_batch} x {batch.seq_len} tokens = {batch.tokens_per_step:,} tokens/step: "
         f"{world} ranks x {batch.accumulation} micro-batches x {batch.micro_batch}",
-        f"memory per GPU (GiB): params+grads+adam {plan.states / GIB:.2f} (16 B x {local_params:,}) | "
-        f"gathered params {plan.gathered / GIB:.2f} | activations {plan.activations / GIB:.2f} "
-        f"(checkpointing: {cfg.parallel.activation_checkpoint}) | logits {plan.logits / GIB:.2f} | total "
-        f"{plan.sharded / GIB:.2f}",
+        f"memory per GPU at the step's peak, a backward's start (GiB): params+grads+adam {plan.states / GIB:.2f} "
+        f"(16 B x {local_params:,}) | gathered params {plan.gathered / GIB:.2f} | activations "
+        f"{plan.activations / GIB:.2f} (checkpointing: {cfg.parallel.activation_checkpoint}) | logits "
+        f"{plan.logits / GIB:.2f} | total {plan.sharded / GIB:.2f}",
         f"gradient accumulation over {batch.accumulation} micro-batches: unsharded (one gather and one reduction "
         f"per step) adds {plan.unsharded_extra / GIB:.2f} GiB, total {plan.unsharded / GIB:.2f} "
         f"(parallel.accumulate={cfg.parallel.accumulate}; auto keeps it where the device holds the total)",

@@ -19,14 +19,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
-from ..data.packing import IGNORE_INDEX
 from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted
 from ..lifetime import PREEMPTION_SIGNALS
@@ -45,6 +43,7 @@ from .chat_steps import EmptyBatches, scored_micro_batches
 from .dry_run import choose_accumulation, memory_plan
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
+from .micro_batches import accumulate_gradients
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
 from .profiling import StepProfiler
 from .run_lock import lock_run_dir_on_rank0
@@ -235,31 +234,11 @@ class Trainer:
     def _forward_backward(self, step_batches: list[Batch] | None, tokens_per_rank: float) -> tuple[torch.Tensor, float]:
         """Accumulate the gradients of the step's micro-batches (fetched here unless given); returns the summed
         loss and the wait for the data."""
-        model, split = self.model, self.batch
-        loss_sum = torch.zeros((), device=self.env.device)
-        data_wait = 0.0
-        for micro in range(split.accumulation):
-            last = micro == split.accumulation - 1
-            if self.replicate > 1:  # all-reduce across replicas once per step, not per micro-batch
-                model.set_requires_all_reduce(last)
-            if self.accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
-                model.set_requires_gradient_sync(last)
-                model.set_reshard_after_backward(last)
-            waited = time.perf_counter()
-            inputs, labels = self._next_micro_batch() if step_batches is None else step_batches[micro]
-            data_wait += time.perf_counter() - waited
-            inputs, labels = (
-                inputs.to(self.env.device, non_blocking=True),
-                labels.to(self.env.device, non_blocking=True),
-            )
-            logits = model(inputs)
-            loss = (
-                F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
-                / tokens_per_rank
-            )
-            loss.backward()
-            loss_sum += loss.detach()
-        return loss_sum, data_wait
+        fetch = self._next_micro_batch if step_batches is None else iter(step_batches).__next__
+        split, env = self.batch, self.env
+        return accumulate_gradients(
+            self.model, fetch, split.accumulation, tokens_per_rank, env.device, self.accumulate, self.replicate
+        )
 
     def _choose_accumulation(self) -> tuple[str, str]:
         """Whether the blocks stay gathered over a step's micro-batches (one all-gather and one reduce-scatter
@@ -267,7 +246,10 @@ class Trainer:
         if not isinstance(self.model, FSDPModule):
             return "sharded", "not sharded (one fp32 process)"
         local_params = sum(p.to_local().numel() for p in self.model.parameters())
-        plan = memory_plan(self.cfg, self.model_args, local_params, self.batch.micro_batch, self.env.device)
+        split = self.batch
+        plan = memory_plan(
+            self.cfg, self.model_args, local_params, split.micro_batch, self.env.device, split.accumulation
+        )
         mode, reason = choose_accumulation(self.cfg.parallel.accumulate, plan, self.env.device)
         if mode == "unsharded":
             self.model.set_reshard_after_forward(False)  # the backward and the next micro-batch reuse the gather

@@ -1,0 +1,55 @@
+"""The forward and backward of a step's micro-batches, their gradients accumulated: the loop the trainer runs each
+step, and what tests/test_train_host_work.py holds (the ops it dispatches, no host sync inside it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..data.packing import IGNORE_INDEX
+from ..data.protocol import Batch
+
+
+def micro_batch_loss(
+    model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, divisor: float
+) -> torch.Tensor:
+    """The micro-batch's summed token loss / ``divisor``. The fp32 logits die here, before the caller's backward:
+    the loss keeps its log-softmax output, and a reference to the logits would hold 4 bytes per token and vocabulary
+    entry more through the backward (dry_run.activation_bytes counts the loss's temporaries without them)."""
+    logits = model(inputs)
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum") / divisor
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    next_batch: Callable[[], Batch],
+    accumulation: int,
+    divisor: float,
+    device: torch.device,
+    accumulate: str = "sharded",
+    replicate: int = 1,
+) -> tuple[torch.Tensor, float]:
+    """Forward and backward of ``accumulation`` micro-batches from ``next_batch``; returns their summed loss, on the
+    device (read once per step, by the caller), and the wait for the data. ``accumulate`` (FSDP models):
+    ``unsharded`` keeps the blocks gathered and the gradients unsharded until the last micro-batch reduces them;
+    ``replicate`` > 1 (HSDP) all-reduces across replicas in the last micro-batch only."""
+    loss_sum = torch.zeros((), device=device)
+    data_wait = 0.0
+    for micro in range(accumulation):
+        last = micro == accumulation - 1
+        if replicate > 1:
+            model.set_requires_all_reduce(last)
+        if accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
+            model.set_requires_gradient_sync(last)
+            model.set_reshard_after_backward(last)
+        waited = time.perf_counter()
+        inputs, labels = next_batch()
+        data_wait += time.perf_counter() - waited
+        inputs, labels = inputs.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        loss = micro_batch_loss(model, inputs, labels, divisor)
+        loss.backward()
+        loss_sum += loss.detach()
+    return loss_sum, data_wait
