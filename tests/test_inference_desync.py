@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from dist_utils import run_ranks
 
+from ladder_train.bench.comm_count import CountingCommunicator
 from ladder_train.checkpoint import Checkpointer
 from ladder_train.config import load_config, save_config
 from ladder_train.errors import InputError
@@ -60,16 +61,6 @@ def save_run(model: Transformer, run_dir) -> str:
     return str(checkpointer.save(3, model, optimizer, {"model_args": dataclasses.asdict(model.args)}, {}))
 
 
-class CountingCommunicator(TPCommunicator):
-    def __init__(self, mode):
-        super().__init__(mode)
-        self.reduces = 0
-
-    def reduce(self, x):
-        self.reduces += 1
-        return super().reduce(x)
-
-
 @torch.no_grad()
 def serve(model: Transformer) -> dict:
     """Prefill logits, cached decode of FEED, the full recompute and greedy tokens."""
@@ -89,11 +80,11 @@ def tp2_rank(checkpoints: dict) -> dict:
         for name, path in checkpoints.items():
             model = load_tp_model(path, tp_rank=dist.get_rank(), tp_size=2)
             results[name] = serve(model)
-            counter = CountingCommunicator("sync")
+            counter = CountingCommunicator(TPCommunicator("sync"))
             model.set_communicator(counter)
             with torch.no_grad():
                 model(PROMPT[:, :1])
-            results[name]["all_reduces"] = counter.reduces
+            results[name]["all_reduces"] = counter.calls
             results[name]["local_wq_rows"] = model.layers[-1].attention.wq.weight.shape[0]
     finally:
         dist.destroy_process_group()
