@@ -597,31 +597,33 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
         part = plan.training(f"profile-{layout}-mb{micro}", "profile", f"recipes/{layout}_1b.yaml", micro, steps, knobs)
         part.info.update(layout=layout, profile=list(mode.profile))
         measured.append(part)
-    bench_out = plan.work / "decode.jsonl"
-    decode_argv = [
-        sys.executable,
-        "-m",
-        "ladder_train.bench",
-        *mode.decode,
-        "--tp",
-        "1",
-        "--batch-sizes",
-        "1",
-        "--set",
-        f"n_layers={args.decode_layers}",
-        *mode.decode_set,
-        "--layouts",
-        ",".join(args.layouts),
-        "--out",
-        str(bench_out),
-    ]
-    measured.append(Part("decode", "decode", decode_argv, mode.limits["decode"], plan.logs / "decode.log"))
-    measured[-1].info["out"] = bench_out
+    # the 3.5B peak before decode: its compile time grows with --decode-layers, the least predictable part
     if args.big:
         steps = int(next(x for x in mode.big if x.startswith("train.max_steps=")).split("=")[1])
         part = plan.training("big-ladder-mb1", "big", "recipes/ladder_3b.yaml", 1, steps, mode.big)
         part.info["layout"] = "ladder"
         measured.append(part)
+    if args.decode_layers:  # 0: no decode part
+        bench_out = plan.work / "decode.jsonl"
+        decode_argv = [
+            sys.executable,
+            "-m",
+            "ladder_train.bench",
+            *mode.decode,
+            "--tp",
+            "1",
+            "--batch-sizes",
+            "1",
+            "--set",
+            f"n_layers={args.decode_layers}",
+            *mode.decode_set,
+            "--layouts",
+            ",".join(args.decode_layouts or args.layouts),
+            "--out",
+            str(bench_out),
+        ]
+        measured.append(Part("decode", "decode", decode_argv, mode.limits["decode"], plan.logs / "decode.log"))
+        measured[-1].info["out"] = bench_out
     plans = {p.name: plan.dry_run(p) for p in measured if p.kind in ("train", "big")}
     return list(plans.values()), measured, plans
 
@@ -757,7 +759,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20; --tiny 4)")
     p.add_argument("--skip", type=int, default=None, help="first steps left out of the medians (default 5; --tiny 1)")
     p.add_argument("--profile", action="store_true", help="one profiled run of the first layout and micro-batch")
-    p.add_argument("--decode-layers", type=int, default=None, help="layers of the decode slice (default 8; --tiny 2)")
+    p.add_argument("--decode-layers", type=int, default=None, help="layers of the decode slice (default 8; --tiny 2; 0: no decode)")
+    p.add_argument(
+        "--decode-layouts", type=names_list, default=None, help="layouts of the decode part (default --layouts)"
+    )
     p.add_argument("--big", action="store_true", help="the 3.5B ladder's peak memory at micro-batch 1")
     p.add_argument("--tiny", action="store_true", help="every part on the CPU with a tiny model (a check of this tool)")
     p.add_argument("--tokens", default=None, help="the token folder (default .gpu/tokens; --tiny: FineWeb text)")
@@ -775,7 +780,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     mode = TINY if args.tiny else GPU
     args.steps = args.steps or (4 if args.tiny else 20)
     args.skip = mode.skip if args.skip is None else args.skip
-    args.decode_layers = args.decode_layers or (2 if args.tiny else 8)
+    args.decode_layers = (2 if args.tiny else 8) if args.decode_layers is None else args.decode_layers
     if args.skip >= args.steps:
         p.error(f"--skip {args.skip} leaves no step of --steps {args.steps} to measure")
     if any(mode.global_batch % m for m in args.micro):
@@ -862,7 +867,13 @@ def main(argv: list[str] | None = None) -> int:
             run_parts(measured, env, 1)
         rows = collect(plan, measured, plans, on_gpu=not args.tiny)
     except KeyboardInterrupt:
-        print(f"gpu_check: interrupted; every part's processes stopped, nothing written (logs in {logs})", flush=True)
+        # an outer time limit (SIGTERM) keeps what finished: the rows of the parts that ran to their end
+        finished = [p for p in measured if p.outcome and not p.outcome.get("interrupted")]
+        rows = collect(plan, finished, plans, on_gpu=not args.tiny)
+        names = ", ".join(p.name for p in measured if p not in finished) or "none"
+        print(f"gpu_check: interrupted; every part's processes stopped; not run to its end: {names}", flush=True)
+        if rows:
+            finish(rows, argv, started, args)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -166,8 +166,8 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     assert names == [
         *(f"train-{layout}-mb{mb}" for layout in check.LAYOUTS for mb in (2, 4)),
         "profile-standard-mb2",
-        "decode",
         "big-ladder-mb1",
+        "decode",
     ]
     assert sorted(p.name for p in plans) == sorted(f"plan-{n}" for n in names if n.startswith(("train", "big")))
     ladder4 = measured[names.index("train-ladder-mb4")].argv
@@ -183,7 +183,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     decode = " ".join(measured[names.index("decode")].argv)
     assert "-m ladder_train.bench --model 1.2B --compile on" in decode and "--set n_layers=8" in decode
     assert "--tp 1" in decode and "--layouts standard,parallel,ladder" in decode
-    big = measured[-1].argv
+    big = measured[names.index("big-ladder-mb1")].argv
     assert big[4] == "recipes/ladder_3b.yaml"
     keys = [x.split("=")[0] for x in big[5:]]
     assert len(keys) == len(set(keys))  # every setting once: the big run's replace the common ones
@@ -192,6 +192,14 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     for part in measured:
         if "--config" in part.argv:
             assert (REPO / part.argv[part.argv.index("--config") + 1]).is_file()
+    # decode of other layouts than training's, or none
+    args = check.parse_args(["--out", str(tmp_path), "--decode-layouts", "standard", "--decode-layers", "40"])
+    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    decode = check.build_parts(plan)[1][-1].argv
+    assert decode[decode.index("--layouts") + 1] == "standard" and "n_layers=40" in decode
+    args = check.parse_args(["--out", str(tmp_path), "--decode-layers", "0"])
+    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    assert [p.name for p in check.build_parts(plan)[1]] == [f"train-{layout}-mb2" for layout in check.LAYOUTS]
     # --set reaches every training run and plan (a before/after of one setting in two invocations)
     args = check.parse_args(["--out", str(tmp_path), "--set", "parallel.accumulate=sharded"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
