@@ -10,8 +10,11 @@ Each part is a subprocess in its own process group with a time limit; the group 
 early or runs out of time, so no process outlives it (Ctrl-C / SIGTERM stop the running parts the same way).
 Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end.
 
+In this order:
 - plans: ``ladder-train ... --dry-run --simulate 1x1`` of every training run; its memory "total" (GiB) with sharded
   and with unsharded gradient accumulation. CPU only: they run together before anything is measured.
+- ceilings: ``benchmarks/gpu_ceilings.py``, the card's device-to-device copy rate and bf16 matrix-product rate
+  (decode's bandwidth and MFU are read against them).
 - training: per layout and micro-batch, ``recipes/{layout}_1b.yaml`` (the 1.2B preset, seq 2048) on the token folder,
   global batch 16, compiled, ``--steps`` steps logged every step. Row: tokens/s median and range and MFU median
   over the steps after the first ``--skip`` (compilation), peak memory, and the plan's total for the accumulation
@@ -21,29 +24,24 @@ Run folders live in a temporary folder (in /dev/shm when it has room) removed at
   RUN_DIR/profile/rank0_steps8-10.pt.trace.json), summarised by ``summarize_trace``: the GPU's busy share of the
   traced span (the union of kernel, memcpy and memset intervals over first start to last end), kernels, copies,
   memsets and CUDA runtime calls per optimizer step, the top kernels by GPU time.
-- decode: ``ladder-bench --model 1.2B --set n_layers=D --tp 1 --compile on`` (prompt 512, 256 new tokens, batch 1,
-  2 warm-up and 5 timed runs) per layout; row: TPOT (the median decode step) and the weights' read bandwidth,
-  parameters (``count_params``) x 2 bytes (bf16) / TPOT.
 - ``--big``: ``recipes/ladder_3b.yaml`` (3.5B) at micro-batch 1, global batch 4, eager, 4 steps: peak memory
   against its plan.
+- decode (``--decode-layers 0``: none): ``ladder-bench --model 1.2B --set n_layers=D --tp 1 --compile on`` (prompt
+  512, 256 new tokens, batch 1, 2 warm-up and 5 timed runs) per layout of ``--decode-layouts`` (default
+  ``--layouts``); row: TPOT (the median decode step) and the weights' read bandwidth, parameters
+  (``count_params``) x 2 bytes (bf16) / TPOT. Last: its compile time grows with the layers.
 
-Rows (``kind`` train / profile / decode / big, each with ``env``: card, driver, GPU memory, torch, CUDA, date and
-start in UTC, git commit, the command) are appended to ``--out``/gpu.jsonl, the parts' logs kept in
-``--out``/logs/INVOCATION/; a table is printed at the end. Exit 1 when a part failed (its row says why), 2 when
-the machine lacks something.
+Rows (``kind`` ceilings / train / profile / big / decode, each with ``env``: card, driver, GPU memory, torch, CUDA,
+date and start in UTC, git commit, the command) are appended to ``--out``/gpu.jsonl, the parts' logs kept in
+``--out``/logs/INVOCATION/; a table is printed at the end. When an outer limit stops the tool (SIGTERM, as
+``timeout`` sends), the rows of the parts that ran to their end are still written (exit 130). Exit 1 when a part
+failed (its row says why), 2 when the machine lacks something.
 
-What the parts cost on one H100 80GB, estimated from the logs of the by-hand runs of 2026-11-26 in ../shared/gpu/
-(407 s: standard and ladder training at micro-batch 2 for 115 s and 109 s each, decode of two layouts 48 s, the
-3.5B run 100+ s; 266 s: the profiled run 106 s, an eager run 88 s, micro-batch 4 for 15 steps 72 s; every training
-run there included its final save, a 14 GB checkpoint at 1.2B, 56 GB at 3.5B, which this tool does not wait for):
-- plans: ~10 s together (a dry run is ~9 s of one core);
-- a compiled 1.2B training run of 20 steps: ~70 s at micro-batch 2 (start-up, compilation and the first 5 steps
-  ~40 s, then ~1.35 s a step), ~55 s at micro-batch 4 (~0.8 s a step);
-- ``--profile``: ~80 s (11 steps, ~1.9 s a step while traced, a ~150 MB trace written and read back);
-- decode at 8 layers: ~50 s for two layouts (4 compilations), ~70 s for three;
-- ``--big``: ~60 s (3.5B start-up and 4 eager steps of ~1.2 s).
-The default (three layouts, micro-batch 2, 20 steps, decode) should take ~5 minutes, ``--profile --big`` ~7.5;
-each further micro-batch adds ~3 minutes for three layouts. (Not yet timed with this tool on a GPU.)
+What the parts took on one H100 80GB (2026-11-27, docs/results/gpu/logs_2026-11-27/): plans 12-16 s together; a
+compiled 1.2B training run of 14 steps 37-45 s at micro-batch 2, 30-33 s at 4, 29-35 s (12 steps) at 8; the
+profiled run 35 s at micro-batch 2, 28 s at 8; the 3.5B run 19 s; decode of the whole 1.2B (40 layers, one
+layout) 111 s. ``--steps 14 --profile --big --decode-layers 40 --decode-layouts standard`` took 324 s in all,
+machine start not counted; each layout at one more micro-batch adds ~35 s.
 
 ``--tiny`` runs every part on the CPU with the 2-layer ``tiny`` preset (seq 64, global batch 4, byte tokenizer,
 eager; the data: ``--tokens``, else ../shared/data/fineweb's text, else the Python standard library), the parts
@@ -104,6 +102,7 @@ class Mode:
     shrink: tuple[str, ...]  # overrides every training run and plan gets (the tiny model)
     decode: tuple[str, ...]  # ladder-bench flags beside --set n_layers, --layouts and --out
     decode_set: tuple[str, ...]
+    ceilings: tuple[str, ...]  # benchmarks/gpu_ceilings.py's sizes
     big: tuple[str, ...]  # the --big run's own overrides
     limits: dict = field(default_factory=dict)  # seconds per part kind
     jobs: int = 1  # measured parts at once (the GPU: one)
@@ -118,8 +117,9 @@ GPU = Mode(
     shrink=(),
     decode=tuple("--model 1.2B --compile on --warmup 2 --runs 5 --prompt-len 512 --gen-len 256".split()),
     decode_set=(),
+    ceilings=(),
     big=("train.global_batch_size=4", "train.micro_batch_size=1", "train.max_steps=4", "parallel.compile=false"),
-    limits={"plan": 180, "train": 300, "profile": 360, "decode": 420, "big": 300},
+    limits={"plan": 180, "ceilings": 60, "train": 300, "profile": 360, "decode": 420, "big": 300},
 )
 TINY = Mode(
     name="tiny",
@@ -130,8 +130,9 @@ TINY = Mode(
     shrink=("model.preset=tiny", "data.seq_len=64", "data.num_workers=0"),
     decode=tuple("--model tiny --compile off --warmup 1 --runs 2 --prompt-len 16 --gen-len 8".split()),
     decode_set=("vocab_size=257",),
+    ceilings=("--copy-mib", "16", "--matmul", "256"),
     big=("model.preset=small", "train.global_batch_size=4", "train.micro_batch_size=1", "train.max_steps=3"),
-    limits={"plan": 120, "train": 120, "profile": 120, "decode": 120, "big": 120},
+    limits={"plan": 120, "ceilings": 60, "train": 120, "profile": 120, "decode": 120, "big": 120},
     jobs=3,
 )
 
@@ -584,6 +585,10 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
     """(the plans, the measured parts in order, plan of each measured part by name)."""
     args, mode = plan.args, plan.mode
     measured: list[Part] = []
+    ceilings_out = plan.work / "ceilings.jsonl"  # the card's copy rate and matrix-product rate, ~10 s
+    ceilings_argv = [sys.executable, "-m", "benchmarks.gpu_ceilings", *mode.ceilings, "--out", str(ceilings_out)]
+    measured.append(Part("ceilings", "ceilings", ceilings_argv, mode.limits["ceilings"], plan.logs / "ceilings.log"))
+    measured[-1].info["out"] = ceilings_out
     for layout in args.layouts:
         for micro in args.micro:
             part = plan.training(f"train-{layout}-mb{micro}", "train", f"recipes/{layout}_1b.yaml", micro, args.steps)
@@ -722,6 +727,11 @@ def table(rows: list[dict], env: dict) -> str:
             host = f"host {_num(r.get('host_step_ms'))} ms a step"
             lines.append(f"profile  {r['layout']:<9} {r['micro_batch']:>3}  {busy}; {host}; {per}")
             lines += [f"{'':<24}{k['ms']:10.2f} ms {k['count']:6d}x  {k['name'][:90]}" for k in r["top_kernels"][:5]]
+        elif r["kind"] == "ceilings":
+            lines.append(
+                f"ceilings copy {r['copy_tb_s_median'] * 1e3:,.0f} GB/s (read + written), bf16 matmul "
+                f"{r['matmul']['n']}^3 {r['matmul_tflops_median']:,.1f} TFLOP/s"
+            )
         elif r["kind"] == "decode":
             lines.append(
                 f"decode   {r['layout']:<9} {r['batch']:>3}  TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers, "
@@ -759,7 +769,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20; --tiny 4)")
     p.add_argument("--skip", type=int, default=None, help="first steps left out of the medians (default 5; --tiny 1)")
     p.add_argument("--profile", action="store_true", help="one profiled run of the first layout and micro-batch")
-    p.add_argument("--decode-layers", type=int, default=None, help="layers of the decode slice (default 8; --tiny 2; 0: no decode)")
+    p.add_argument(
+        "--decode-layers", type=int, default=None, help="layers of the decode slice (default 8; --tiny 2; 0: no decode)"
+    )
     p.add_argument(
         "--decode-layouts", type=names_list, default=None, help="layouts of the decode part (default --layouts)"
     )
@@ -827,6 +839,10 @@ def collect(plan: Plan, measured: list[Part], plans: dict[str, Part], on_gpu: bo
             rows.append(training_row(part, plans.get(part.name), plan.mode, on_gpu))
         elif part.kind == "profile":
             rows.append(profile_row(part, plan.mode, plan.args.keep_trace))
+        elif part.kind == "ceilings":
+            found = read_jsonl(part.info["out"]) or [{"kind": "ceilings"}]
+            error = failure(part) or (None if "copy_tb_s_median" in found[0] else "no row from gpu_ceilings")
+            rows.append({**found[0], "error": error, "command": shlex.join(["python", *part.argv[1:]]), **part.outcome})
         else:
             rows += decode_rows(part)
     return rows

@@ -164,6 +164,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     plans, measured, by_name = check.build_parts(plan)
     names = [p.name for p in measured]
     assert names == [
+        "ceilings",
         *(f"train-{layout}-mb{mb}" for layout in check.LAYOUTS for mb in (2, 4)),
         "profile-standard-mb2",
         "big-ladder-mb1",
@@ -199,7 +200,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     assert decode[decode.index("--layouts") + 1] == "standard" and "n_layers=40" in decode
     args = check.parse_args(["--out", str(tmp_path), "--decode-layers", "0"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    assert [p.name for p in check.build_parts(plan)[1]] == [f"train-{layout}-mb2" for layout in check.LAYOUTS]
+    assert [p.name for p in check.build_parts(plan)[1]] == ["ceilings"] + [f"train-{x}-mb2" for x in check.LAYOUTS]
     # --set reaches every training run and plan (a before/after of one setting in two invocations)
     args = check.parse_args(["--out", str(tmp_path), "--set", "parallel.accumulate=sharded"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
@@ -304,8 +305,18 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "gpu.jsonl").read_text().splitlines()]
-    assert [r["kind"] for r in rows] == ["train"] * 3 + ["profile"] + ["decode"] * 3
+    assert [r["kind"] for r in rows] == ["ceilings"] + ["train"] * 3 + ["profile"] + ["decode"] * 3
     assert all(r["error"] is None and not r["timed_out"] for r in rows)
+
+    ceilings = rows.pop(0)  # benchmarks/gpu_ceilings.py at the tiny sizes, host-clock timed on the CPU
+    assert (ceilings["device"], ceilings["matmul"]["n"], ceilings["copy"]["bytes_read_plus_written"]) == (
+        "cpu",
+        256,
+        2**25,
+    )
+    assert ceilings["copy_tb_s_median"] == pytest.approx(2**25 / ceilings["copy"]["median_ms"] / 1e9)
+    assert ceilings["matmul_tflops_median"] == pytest.approx(2 * 256**3 / ceilings["matmul"]["median_ms"] / 1e9)
+    assert "ceilings copy " in done.stdout
 
     train = rows[:3]
     assert [r["layout"] for r in train] == list(check.LAYOUTS)
@@ -333,7 +344,7 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
         assert r["tpot_ms"] > 0 and r["bandwidth_gb_s"] == pytest.approx(r["weight_bytes"] / r["tpot_ms"] / 1e6)
 
     env = rows[0]["env"]
-    assert all(r["env"] == env for r in rows)
+    assert all(r["env"] == env for r in rows) and ceilings["env"] == env
     assert env["mode"] == "tiny" and env["device"] == "cpu" and env["card"] is None and env["driver"] is None
     assert env["torch"] == torch.__version__ and "cuda" in env and env["host"]["cpu_model"]
     assert env["started"].startswith(env["date"]) and "--tiny" in env["command"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import EXIT_BAD_INPUT, InputError
 from ..paper import PRETRAINING
 from ..study import compare_groups, default_baseline, final_val_loss, group_runs, pairs_for_power, power, sweeps
-from . import doc_bench_tables, doc_eval_tables, doc_predict_tables, doc_tp_tables
+from . import doc_bench_tables, doc_eval_tables, doc_gpu_tables, doc_predict_tables, doc_tp_tables
 from .runs import read_run, train_tokens_per_s
 from .study import comparison_section
 from .tables import markdown_table
@@ -230,6 +230,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     **doc_bench_tables.TABLES,  # the developer benchmarks' JSON lines (benchmarks/*.py --out)
     **doc_tp_tables.TABLES,  # ladder-bench's JSON lines, several invocations per file
     **doc_eval_tables.TABLES,  # ladder-eval's results JSON
+    **doc_gpu_tables.TABLES,  # benchmarks/gpu_check.py's rows of one card and date
     **doc_predict_tables.TABLES,  # ladder-predict's JSON lines and benchmarks/predictor_sensitivity.py's
 }
 

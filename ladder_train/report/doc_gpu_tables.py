@@ -1,0 +1,147 @@
+"""docs/benchmarks.md's GPU tables, made from the rows ``python -m benchmarks.gpu_check --out`` appends (one file per
+card and date under ``docs/results/gpu/``; registered in ``docs_tables.TABLES``).
+
+Every training figure is one run: tokens/s is the median of its logged steps after compilation with the lowest and
+highest step in brackets, MFU the median step's. A ``ceilings`` row (a device-to-device copy and an 8192-cube bf16
+matrix product timed on the same card) gives decode's bandwidth as a share of the copy rate the card reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from .doc_bench_tables import read_rows
+from .tables import markdown_table
+
+H100_2026_11_27 = "docs/results/gpu/h100_2026-11-27.jsonl"
+MODEL_OF_RECIPE = {"1b": "1.2B", "3b": "3.5B"}
+
+
+def _model(recipe: str) -> str:
+    return MODEL_OF_RECIPE.get(Path(recipe).stem.rsplit("_", 1)[-1], Path(recipe).stem)
+
+
+def _env_line(rows: list[dict], path: str) -> str:
+    """Card, driver, torch, date and the gpu_check invocations of ``rows``."""
+    envs = [r["env"] for r in rows if "env" in r]
+    first = envs[0]
+    commands = sorted({e["command"] for e in envs})
+    return (
+        f"{first['card']}, driver {first['driver']}, torch {first['torch']} (CUDA {first['cuda']}), {first['date']}; "
+        f"{len(commands)} invocation(s): " + "; ".join(f"`{c}`" for c in commands) + f". Rows: `{path}`."
+    )
+
+
+def _tokens(row: dict) -> str:
+    low, high = row["tokens_per_s_min"], row["tokens_per_s_max"]
+    return f"{row['tokens_per_s_median']:,.0f} ({low:,.0f}–{high:,.0f})"
+
+
+def training(path: str) -> Callable[[Path], str]:
+    """Training rows (kind train and big): tokens/s, MFU and peak memory against the ``--dry-run`` plan."""
+
+    def make(root: Path) -> str:
+        rows = [r for r in read_rows(root / path) if r["kind"] in ("train", "big") and not r.get("error")]
+        body = []
+        for r in rows:
+            error = r.get("plan_rel_error")
+            body.append(
+                [
+                    _model(r["recipe"]),
+                    r["layout"],
+                    str(r["micro_batch"]),
+                    r.get("plan_accumulation") or "-",
+                    "compiled" if r["compiled"] else "eager",
+                    f"{r['measured_steps'][0]}–{r['measured_steps'][1]}",
+                    _tokens(r),
+                    f"{100 * r['mfu_median']:.1f} %",
+                    f"{r['peak_mem_gib']:.2f}",
+                    f"{r['plan_total_gib']:.2f}",
+                    "-" if error is None else f"{100 * error:+.1f} %",
+                ]
+            )
+        header = ["model", "layout", "micro-batch", "gradients", "mode", "steps", "tokens/s median (range)", "MFU"]
+        header += ["peak GiB", "plan GiB", "plan − peak"]
+        note = (
+            f"One run per row, global batch as gpu_check sets it (16 sequences of 2048 at 1.2B, 4 at 3.5B); MFU against "
+            f"the card's dense bf16 peak. {_env_line(rows, path)}"
+        )
+        return markdown_table(header, body) + "\n\n" + note + "\n"
+
+    return make
+
+
+def profiled(path: str) -> Callable[[Path], str]:
+    """Profiled rows: the GPU's busy share of the traced steps and the work per optimizer step."""
+
+    def make(root: Path) -> str:
+        rows = [r for r in read_rows(root / path) if r["kind"] == "profile" and not r.get("error")]
+        body = [
+            [
+                r["layout"],
+                str(r["micro_batch"]),
+                str(r["steps_traced"]),
+                f"{100 * r['busy_share']:.1f} %",
+                f"{r['host_step_ms']:,.0f}",
+                f"{r['kernels_per_step']:,.0f}",
+                f"{r['copies_per_step']:,.0f}",
+                f"{r['memsets_per_step']:,.0f}",
+                f"{r['runtime_calls_per_step']:,.0f}",
+            ]
+            for r in rows
+        ]
+        header = ["layout", "micro-batch", "steps traced", "GPU busy", "host ms a step", "kernels a step"]
+        header += ["copies a step", "memsets a step", "CUDA runtime + driver calls a step"]
+        note = (
+            "1.2B, compiled, global batch 16; busy = the union of kernel, copy and memset intervals over the traced span "
+            f"(torch.profiler, which slows the host). {_env_line(rows, path)}"
+        )
+        return markdown_table(header, body) + "\n\n" + note + "\n"
+
+    return make
+
+
+def decoding(path: str) -> Callable[[Path], str]:
+    """Decode rows: TPOT and the weights' read bandwidth, with its share of the card's measured copy rate."""
+
+    def make(root: Path) -> str:
+        all_rows = read_rows(root / path)
+        rows = [r for r in all_rows if r["kind"] == "decode" and not r.get("error")]
+        ceilings = [r for r in all_rows if r["kind"] == "ceilings"]
+        copy = ceilings[0]["copy_tb_s_median"] * 1e3 if ceilings else None
+        body = [
+            [
+                r["model"],
+                r["layout"],
+                str(r["n_layers"]),
+                str(r["batch"]),
+                f"{r['prompt_len']} + {r['gen_len']}",
+                f"{r['tpot_ms']:.3f} ± {r['tpot_sd_ms']:.3f}",
+                f"{r['weight_bytes'] / 1e6:,.0f}",
+                f"{r['bandwidth_gb_s']:,.0f}",
+                "-" if copy is None else f"{100 * r['bandwidth_gb_s'] / copy:.0f} % of {copy:,.0f}",
+            ]
+            for r in rows
+        ]
+        header = ["model", "layout", "layers", "batch", "prompt + new", "TPOT ms (sd over runs)", "weights MB"]
+        header += ["weights read GB/s", "of the copy rate (GB/s)"]
+        note = "TP 1, bf16, compiled with CUDA graphs; bandwidth = parameters × 2 B / TPOT (the KV cache not counted). "
+        if ceilings:
+            c = ceilings[0]
+            note += (
+                f"Copy rate (`benchmarks/gpu_ceilings.py`): a {c['copy']['bytes_read_plus_written'] / 2**31:g} GiB "
+                f"device-to-device copy, bytes read plus written, median of {c['copy']['repeats']}; the same card's "
+                f"{c['matmul']['n']}³ bf16 matrix product ran at {c['matmul_tflops_median']:.0f} TFLOP/s "
+                f"(median of {c['matmul']['repeats']}). "
+            )
+        return markdown_table(header, body) + "\n\n" + note + _env_line(rows, path) + "\n"
+
+    return make
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "gpu-train": training(H100_2026_11_27),
+    "gpu-profile": profiled(H100_2026_11_27),
+    "gpu-decode": decoding(H100_2026_11_27),
+}

@@ -1,0 +1,106 @@
+"""report/doc_gpu_tables.py: the GPU tables of docs/benchmarks.md from gpu_check's rows, on hand-made rows."""
+
+import json
+
+from ladder_train.report import doc_gpu_tables as gpu
+
+ENV = {
+    "card": "NVIDIA H100 80GB HBM3",
+    "driver": "580.1",
+    "torch": "2.11.0+cu130",
+    "cuda": "13.0",
+    "date": "2026-11-27",
+    "invocation": "a",
+    "command": "python -m benchmarks.gpu_check --out X",
+}
+
+
+def train_row(layout, micro, tps, mfu, peak, plan, **extra):
+    return {
+        "kind": "train",
+        "layout": layout,
+        "recipe": f"recipes/{layout}_1b.yaml",
+        "micro_batch": micro,
+        "compiled": True,
+        "measured_steps": [6, 14],
+        "tokens_per_s_median": tps,
+        "tokens_per_s_min": tps - 1000,
+        "tokens_per_s_max": tps + 500,
+        "mfu_median": mfu,
+        "peak_mem_gib": peak,
+        "plan_total_gib": plan,
+        "plan_rel_error": (plan - peak) / peak,
+        "plan_accumulation": "unsharded",
+        "error": None,
+        "env": ENV,
+        **extra,
+    }
+
+
+def write(tmp_path, rows):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return "rows.jsonl"
+
+
+def test_training_table_rows_and_plan_error(tmp_path):
+    rows = [
+        train_row("standard", 2, 33801.6, 0.2992, 30.0, 29.7),
+        train_row("ladder", 1, 9246.0, 0.218, 70.0, 70.7, recipe="recipes/ladder_3b.yaml", kind="big", compiled=False),
+        train_row("parallel", 2, 1.0, 0.1, 1.0, 1.0, error="FAILED (exit 1): boom"),  # a failed part is left out
+    ]
+    text = gpu.training(write(tmp_path, rows))(tmp_path)
+    lines = text.splitlines()
+    assert lines[2] == (
+        "| 1.2B | standard | 2 | unsharded | compiled | 6–14 | 33,802 (32,802–34,302) | 29.9 % | 30.00 | 29.70 | -1.0 % |"
+    )
+    assert (
+        lines[3]
+        == "| 3.5B | ladder | 1 | unsharded | eager | 6–14 | 9,246 (8,246–9,746) | 21.8 % | 70.00 | 70.70 | +1.0 % |"
+    )
+    assert len([x for x in lines if x.startswith("| ")]) == 4  # header + 2 rows: the failed part is not a row
+    assert "1 invocation(s): `python -m benchmarks.gpu_check --out X`" in text and text.endswith(".\n")
+
+
+def test_decode_share_of_the_copy_rate_and_profile(tmp_path):
+    decode = {
+        "kind": "decode",
+        "model": "1.2B",
+        "layout": "standard",
+        "n_layers": 40,
+        "batch": 1,
+        "prompt_len": 512,
+        "gen_len": 256,
+        "tpot_ms": 2.0,
+        "tpot_sd_ms": 0.01,
+        "weight_bytes": 2.4e9,
+        "bandwidth_gb_s": 1200.0,
+        "error": None,
+        "env": ENV,
+    }
+    ceilings = {
+        "kind": "ceilings",
+        "copy": {"repeats": 50, "bytes_read_plus_written": 2**31},
+        "copy_tb_s_median": 3.0,
+        "matmul": {"repeats": 30, "n": 8192},
+        "matmul_tflops_median": 796.2,
+    }
+    profile = {
+        "kind": "profile",
+        "layout": "standard",
+        "micro_batch": 8,
+        "steps_traced": 3,
+        "busy_share": 0.883,
+        "host_step_ms": 638.2,
+        "kernels_per_step": 4895.0,
+        "copies_per_step": 454.0,
+        "memsets_per_step": 1468.0,
+        "runtime_calls_per_step": 8633.3,
+        "error": None,
+        "env": ENV,
+    }
+    name = write(tmp_path, [decode, ceilings, profile])
+    text = gpu.decoding(name)(tmp_path)
+    assert "| 1.2B | standard | 40 | 1 | 512 + 256 | 2.000 ± 0.010 | 2,400 | 1,200 | 40 % of 3,000 |" in text
+    assert "a 1 GiB device-to-device copy" in text and "796 TFLOP/s (median of 30)" in text
+    assert "| standard | 8 | 3 | 88.3 % | 638 | 4,895 | 454 | 1,468 | 8,633 |" in gpu.profiled(name)(tmp_path)
