@@ -28,8 +28,10 @@ In this order:
   against its plan.
 - decode (``--decode-layers 0``: none): ``ladder-bench --model 1.2B --set n_layers=D --tp 1 --compile on`` (prompt
   512, 256 new tokens, batch 1, 2 warm-up and 5 timed runs) per layout of ``--decode-layouts`` (default
-  ``--layouts``); row: TPOT (the median decode step) and the weights' read bandwidth, parameters
-  (``count_params``) x 2 bytes (bf16) / TPOT. Last: its compile time grows with the layers.
+  ``--layouts``), once per ``--gemv-tuning`` value (default on and off, side by side: ladder-bench's switch of the
+  decode step's matrix-vector products to tuned Triton reductions); row: TPOT (the median decode step) and the
+  weights' read bandwidth, parameters (``count_params``) x 2 bytes (bf16) / TPOT. Last: its compile time grows
+  with the layers.
 
 Rows (``kind`` ceilings / train / profile / big / decode, each with ``env``: card, driver, GPU memory, torch, CUDA,
 date and start in UTC, git commit, the command) are appended to ``--out``/gpu.jsonl, the parts' logs kept in
@@ -387,6 +389,7 @@ def decode_row(bench: dict) -> dict:
         "n_layers": args.n_layers,
         "batch": bench["batch"],
         "compiled": bench.get("compiled"),
+        "gemv_tuning": bench.get("gemv_tuning"),
         "dtype": bench.get("dtype"),
         "prompt_len": bench.get("prompt_len"),
         "gen_len": bench.get("gen_len"),
@@ -608,8 +611,9 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
         part = plan.training("big-ladder-mb1", "big", "recipes/ladder_3b.yaml", 1, steps, mode.big)
         part.info["layout"] = "ladder"
         measured.append(part)
-    if args.decode_layers:  # 0: no decode part
-        bench_out = plan.work / "decode.jsonl"
+    for tuning in args.gemv_tuning if args.decode_layers else ():  # --decode-layers 0: no decode part
+        name = "decode" if tuning == "on" else f"decode-gemv-{tuning}"
+        bench_out = plan.work / f"{name}.jsonl"
         decode_argv = [
             sys.executable,
             "-m",
@@ -624,10 +628,12 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
             *mode.decode_set,
             "--layouts",
             ",".join(args.decode_layouts or args.layouts),
+            "--gemv-tuning",
+            tuning,
             "--out",
             str(bench_out),
         ]
-        measured.append(Part("decode", "decode", decode_argv, mode.limits["decode"], plan.logs / "decode.log"))
+        measured.append(Part(name, "decode", decode_argv, mode.limits["decode"], plan.logs / f"{name}.log"))
         measured[-1].info["out"] = bench_out
     plans = {p.name: plan.dry_run(p) for p in measured if p.kind in ("train", "big")}
     return list(plans.values()), measured, plans
@@ -733,8 +739,9 @@ def table(rows: list[dict], env: dict) -> str:
                 f"{r['matmul']['n']}^3 {r['matmul_tflops_median']:,.1f} TFLOP/s"
             )
         elif r["kind"] == "decode":
+            tuned = {True: ", GEMV tuned", False: ", GEMV untuned"}.get(r.get("gemv_tuning"), "")
             lines.append(
-                f"decode   {r['layout']:<9} {r['batch']:>3}  TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers, "
+                f"decode   {r['layout']:<9} {r['batch']:>3}  TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers{tuned}, "
                 f"{r['weight_bytes'] / 1e6:,.1f} MB of weights): {r['bandwidth_gb_s']:,.1f} GB/s"
             )
     return "\n".join(lines)
@@ -748,6 +755,13 @@ def names_list(text: str) -> list[str]:
     bad = [x for x in items if x not in LAYOUTS]
     if not items or bad:
         raise argparse.ArgumentTypeError(f"layouts from {', '.join(LAYOUTS)}, comma-separated (got {text!r})")
+    return items
+
+
+def tunings_list(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items or set(items) - {"on", "off"} or len(set(items)) < len(items):
+        raise argparse.ArgumentTypeError(f"on, off or on,off (got {text!r})")
     return items
 
 
@@ -775,6 +789,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--decode-layouts", type=names_list, default=None, help="layouts of the decode part (default --layouts)"
     )
+    p.add_argument(
+        "--gemv-tuning",
+        type=tunings_list,
+        default=None,
+        help="decode with ladder-bench's --gemv-tuning on, off or both side by side (default on,off; --tiny on)",
+    )
     p.add_argument("--big", action="store_true", help="the 3.5B ladder's peak memory at micro-batch 1")
     p.add_argument("--tiny", action="store_true", help="every part on the CPU with a tiny model (a check of this tool)")
     p.add_argument("--tokens", default=None, help="the token folder (default .gpu/tokens; --tiny: FineWeb text)")
@@ -793,6 +813,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.steps = args.steps or (4 if args.tiny else 20)
     args.skip = mode.skip if args.skip is None else args.skip
     args.decode_layers = (2 if args.tiny else 8) if args.decode_layers is None else args.decode_layers
+    args.gemv_tuning = args.gemv_tuning or (["on"] if args.tiny else ["on", "off"])  # a CPU has no GEMV tuning
     if args.skip >= args.steps:
         p.error(f"--skip {args.skip} leaves no step of --steps {args.steps} to measure")
     if any(mode.global_batch % m for m in args.micro):

@@ -58,6 +58,7 @@ FIELDS = {
     "dtype": "the weights' dtype",
     "compiled": "whether the steps ran compiled (CUDA graphs on a GPU)",
     "compile_backend": "torch.compile's backend, or null",
+    "gemv_tuning": "compiled decode on a GPU: matrix-vector products as tuned Triton reductions; null elsewhere",
     "compilations": "frames compiled over the invocation (compiled runs only)",
     "emulated_link_latency_ms": "X: the emulated link holds every all-reduce this long (0: the real link)",
     "link_bandwidth_gbs": "the emulated link's bandwidth in GB/s, or null (infinite)",

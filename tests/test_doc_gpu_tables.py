@@ -71,6 +71,7 @@ def test_decode_share_of_the_copy_rate_and_profile(tmp_path):
         "batch": 1,
         "prompt_len": 512,
         "gen_len": 256,
+        "gemv_tuning": True,
         "tpot_ms": 2.0,
         "tpot_sd_ms": 0.01,
         "weight_bytes": 2.4e9,
@@ -101,6 +102,6 @@ def test_decode_share_of_the_copy_rate_and_profile(tmp_path):
     }
     name = write(tmp_path, [decode, ceilings, profile])
     text = gpu.decoding(name)(tmp_path)
-    assert "| 1.2B | standard | 40 | 1 | 512 + 256 | 2.000 ± 0.010 | 2,400 | 1,200 | 40 % of 3,000 |" in text
+    assert "| 1.2B | standard | on | 40 | 1 | 512 + 256 | 2.000 ± 0.010 | 2,400 | 1,200 | 40 % of 3,000 |" in text
     assert "a 1 GiB device-to-device copy" in text and "796 TFLOP/s (median of 30)" in text
     assert "| standard | 8 | 3 | 88.3 % | 638 | 4,895 | 454 | 1,468 | 8,633 |" in gpu.profiled(name)(tmp_path)

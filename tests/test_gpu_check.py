@@ -169,6 +169,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
         "profile-standard-mb2",
         "big-ladder-mb1",
         "decode",
+        "decode-gemv-off",
     ]
     assert sorted(p.name for p in plans) == sorted(f"plan-{n}" for n in names if n.startswith(("train", "big")))
     ladder4 = measured[names.index("train-ladder-mb4")].argv
@@ -183,7 +184,8 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     assert "train.max_steps=11" in profile
     decode = " ".join(measured[names.index("decode")].argv)
     assert "-m ladder_train.bench --model 1.2B --compile on" in decode and "--set n_layers=8" in decode
-    assert "--tp 1" in decode and "--layouts standard,parallel,ladder" in decode
+    assert "--tp 1" in decode and "--layouts standard,parallel,ladder" in decode and "--gemv-tuning on" in decode
+    assert "--gemv-tuning off" in " ".join(measured[names.index("decode-gemv-off")].argv)
     big = measured[names.index("big-ladder-mb1")].argv
     assert big[4] == "recipes/ladder_3b.yaml"
     keys = [x.split("=")[0] for x in big[5:]]
@@ -196,7 +198,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     # decode of other layouts than training's, or none
     args = check.parse_args(["--out", str(tmp_path), "--decode-layouts", "standard", "--decode-layers", "40"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    decode = check.build_parts(plan)[1][-1].argv
+    decode = check.build_parts(plan)[1][-2].argv
     assert decode[decode.index("--layouts") + 1] == "standard" and "n_layers=40" in decode
     args = check.parse_args(["--out", str(tmp_path), "--decode-layers", "0"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)

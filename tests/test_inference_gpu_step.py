@@ -152,3 +152,29 @@ def test_the_kv_cache_is_allocated_once_per_shape_and_zeroed_between_generations
         assert model.kv_caches()[0].k.shape[0] == 1
     assert torch.equal(again, first) and torch.equal(sampled[1], sampled[0])
     assert torch.equal(first, Generator(make_model("ladder", None)).generate(PROMPT, 10))
+
+
+def test_decode_on_a_gpu_turns_its_matrix_vector_products_into_tuned_reductions():
+    """The decode step's compile options ask inductor for coordinate-descent tuning on a GPU only (never the prefill,
+    never the CPU); under it inductor's decompositions rewrite a one-row product (batch-1 decode's linears) on a
+    cuda tensor as a multiply and a sum, a Triton reduction it can fuse and tune, where it would call cuBLAS."""
+    from torch._inductor import config
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert generate_module.inductor_options(cuda, gemv_tuning=True)["coordinate_descent_tuning"] is True
+    assert generate_module.inductor_options(cuda)["coordinate_descent_tuning"] is False  # the prefill's
+    assert generate_module.inductor_options(cpu, gemv_tuning=True)["coordinate_descent_tuning"] is False
+
+    def ops(tuning: bool, rows: int) -> set[str]:
+        with FakeTensorMode(), config.patch(coordinate_descent_tuning=tuning):
+            x = torch.empty(rows, 64, dtype=torch.bfloat16, device="cuda")
+            w = torch.empty(192, 64, dtype=torch.bfloat16, device="cuda")
+            graph = make_fx(torch.nn.functional.linear, decomposition_table=select_decomp_table())(x, w)
+        return {str(node.target).split(".")[1] for node in graph.graph.nodes if node.op == "call_function"}
+
+    assert "mm" not in ops(True, 1) and {"mul", "sum"} <= ops(True, 1)  # decode: a fused reduction
+    assert "mm" in ops(False, 1)  # untuned: cuBLAS
+    assert "mm" in ops(True, 16)  # a prefill's many rows stay a matrix product

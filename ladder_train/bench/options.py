@@ -26,7 +26,8 @@ class BenchOptions:
     ``overrides``: ModelArgs fields of a preset (``desync_layers``: desync layouts only); ``tp``: the TP degree
     (None: 1, or torchrun's world size); ``link_latency_ms`` / ``link_bandwidth_gbs``: an emulated serialised link
     (0 / None: the real one); ``runs``: timed runs per case (None: 10 on a GPU, 3 on the CPU); ``compile``: auto (on
-    with CUDA), on or off; ``ceiling``: also measure without communication; ``out``: JSON lines file appended to;
+    with CUDA), on or off; ``gemv_tuning``: the compiled decode step's matrix-vector products as tuned Triton
+    reductions on a GPU (``generate.inductor_options``); ``ceiling``: also measure without communication; ``out``: JSON lines file appended to;
     ``profile``: a folder to trace one more generation of each case into."""
 
     models: tuple[str, ...]
@@ -42,6 +43,7 @@ class BenchOptions:
     runs: int | None = None
     compile: str = "auto"
     compile_backend: str = "inductor"
+    gemv_tuning: bool = True
     ceiling: bool = True
     seed: int = 0
     out: str | None = None

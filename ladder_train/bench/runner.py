@@ -76,6 +76,7 @@ def environment(device: torch.device, tp: int, options: BenchOptions, compiled: 
         "dtype": str(dtype).removeprefix("torch."),
         "compiled": compiled,
         "compile_backend": options.compile_backend if compiled else None,
+        "gemv_tuning": options.gemv_tuning if compiled and device.type == "cuda" else None,
         "emulated_link_latency_ms": options.link_latency_ms,
         "link_bandwidth_gbs": options.link_bandwidth_gbs,
         "link": "emulated serialised" if options.emulated_link else ("gloo" if device.type == "cpu" else "nccl"),
@@ -188,7 +189,9 @@ def load_entries(options: BenchOptions, rank: int, world: int, device, dtype, gr
             source, rank, world, device, dtype, seed=options.seed, group=group, comm=comms["real"], **preset_overrides
         )
         reduces.append(all_reduces_per_decode_step(model, comms["real"], group))  # before gen allocates its cache
-        gen = Generator(model, group, compile=compiled, backend=options.compile_backend)
+        gen = Generator(
+            model, group, compile=compiled, backend=options.compile_backend, gemv_tuning=options.gemv_tuning
+        )
         entries.append((source, layout, model, gen, comms))
     return entries, reduces
 

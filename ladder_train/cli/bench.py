@@ -61,6 +61,12 @@ def parser() -> Parser:
         default=DEFAULTS.compile_backend,
         help="torch.compile backend (inductor; aot_eager compiles faster)",
     )
+    p.add_argument(
+        "--gemv-tuning",
+        choices=("on", "off"),
+        default="on" if DEFAULTS.gemv_tuning else "off",
+        help="compiled decode on a GPU: matrix-vector products as coordinate-descent-tuned Triton reductions (on)",
+    )
     p.add_argument("--no-ceiling", action="store_true", help="skip the comm: none measurement")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed)
     p.add_argument("--out", default=None, help="JSON lines results file (appended)")
@@ -89,6 +95,7 @@ def parse_args(argv: list[str]) -> BenchOptions:
         runs=flags.runs,
         compile=flags.compile,
         compile_backend=flags.compile_backend,
+        gemv_tuning=flags.gemv_tuning == "on",
         ceiling=not flags.no_ceiling,
         seed=flags.seed,
         out=flags.out,

@@ -69,16 +69,22 @@ def next_tokens(
     )
 
 
-def inductor_options(device: torch.device) -> dict:
+def inductor_options(device: torch.device, gemv_tuning: bool = False) -> dict:
     """Inductor's settings for the generation steps.
 
     By default inductor schedules each ``wait_tensor`` right after its all-reduce, which would make the
     ladder's asynchronous all-reduces blocking inside the compiled graph; the ``sink_waits`` pass moves
     every wait to just before the first use of its result, where the model's code waits, and
     ``raise_comms`` issues every all-reduce as soon as its input exists. CUDA graphs
-    (what ``mode="reduce-overhead"`` turns on, which cannot be combined with ``options``) on a GPU only."""
+    (what ``mode="reduce-overhead"`` turns on, which cannot be combined with ``options``) on a GPU only.
+
+    ``gemv_tuning`` (the decode step, on a GPU): inductor's ``coordinate_descent_tuning``, under which it rewrites a
+    matrix product with one row (batch-1 decode's every linear layer) as a Triton reduction fused with its
+    neighbours and tunes its block sizes; without it that product is a cuBLAS call, which reads the weights far
+    under the card's bandwidth (gpt-fast decodes with the same setting)."""
     return {
         "triton.cudagraphs": device.type == "cuda",
+        "coordinate_descent_tuning": gemv_tuning and device.type == "cuda",
         "reorder_for_compute_comm_overlap": True,
         "reorder_for_compute_comm_overlap_passes": ["sink_waits", "raise_comms"],
     }
@@ -93,6 +99,7 @@ class Generator:
         tp_group: dist.ProcessGroup | None = None,
         compile: bool = False,
         backend: str = "inductor",
+        gemv_tuning: bool = True,
     ):
         self.model = model
         self.tp_group = tp_group
@@ -100,10 +107,14 @@ class Generator:
         self.device = model.tok_embeddings.weight.device
         self._prefill, self._decode = self._prefill_eager, self._decode_eager
         if compile:
-            options = inductor_options(self.device) if backend == "inductor" else None
-            settings = dict(fullgraph=True, dynamic=False, backend=backend, options=options)
-            self._prefill = torch.compile(self._prefill_eager, **settings)
-            self._decode = torch.compile(self._decode_eager, **settings)
+            inductor = backend == "inductor"
+            settings = dict(fullgraph=True, dynamic=False, backend=backend)
+            self._prefill = torch.compile(
+                self._prefill_eager, **settings, options=inductor_options(self.device) if inductor else None
+            )
+            self._decode = torch.compile(
+                self._decode_eager, **settings, options=inductor_options(self.device, gemv_tuning) if inductor else None
+            )
         self.cache_shape: tuple[int, int] | None = None
         self._caches: list = []  # the model's KVCache modules this Generator allocated
         self._written = False  # a generation has written to them since they were last zeroed

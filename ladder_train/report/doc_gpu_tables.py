@@ -114,6 +114,7 @@ def decoding(path: str) -> Callable[[Path], str]:
             [
                 r["model"],
                 r["layout"],
+                {True: "on", False: "off"}.get(r.get("gemv_tuning"), "off (not yet a setting)"),
                 str(r["n_layers"]),
                 str(r["batch"]),
                 f"{r['prompt_len']} + {r['gen_len']}",
@@ -124,7 +125,16 @@ def decoding(path: str) -> Callable[[Path], str]:
             ]
             for r in rows
         ]
-        header = ["model", "layout", "layers", "batch", "prompt + new", "TPOT ms (sd over runs)", "weights MB"]
+        header = [
+            "model",
+            "layout",
+            "GEMV tuning",
+            "layers",
+            "batch",
+            "prompt + new",
+            "TPOT ms (sd over runs)",
+            "weights MB",
+        ]
         header += ["weights read GB/s", "of the copy rate (GB/s)"]
         note = "TP 1, bf16, compiled with CUDA graphs; bandwidth = parameters × 2 B / TPOT (the KV cache not counted). "
         if ceilings:
