@@ -74,6 +74,10 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -
     if mesh.ndim == 2 and mesh.shape[0] == 1:
         mesh = mesh["dp_shard"]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    # A block's inputs are the bf16 stream(s) the embedding made and the rope tables, which stay fp32 as in
+    # inference (loading.py): FSDP's default cast of floating inputs would copy both tables to bf16 at every block
+    # call of every micro-batch (640 copies a step at 1.2B, micro-batch 2) and rotate with coarser angles.
+    block_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     # FSDP hands each block its inputs as autograd views, and the first ladder block returns its input
     # stream untouched (its outputs join one module late), so FSDP warns that a view could lose its
     # pre-backward hook to an in-place op. Nothing adds in place to a block's outputs; the gradients are
@@ -81,7 +85,7 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPBlock\) returned a view tensor")
     last = len(model.layers) - 1
     for i, block in enumerate(model.layers):
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=i < last)
+        fully_shard(block, mesh=mesh, mp_policy=block_policy, reshard_after_forward=i < last)
     # The root (the tied embedding/head and the final norm) stays unsharded after forward: backward
     # starts with the head's gradient, so resharding would only all-gather the embedding again at once
     # (fully_shard's docs: False "for the root module, because the root module is typically required
