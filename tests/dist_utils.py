@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -52,3 +54,12 @@ def save_training_checkpoint(model, root, step: int = 3):
     checkpointer = Checkpointer(cfg.checkpoint, root, rank=0, world_size=1)
     optimizer = torch.optim.AdamW(model.parameters())
     return checkpointer.save(step, model, optimizer, {"model_args": dataclasses.asdict(model.args)}, {})
+
+
+def torchrun(nproc: int, *command: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node NPROC --master-port FREE COMMAND`` (e.g. ``-m ladder_train.inference ...``), one
+    thread per rank, its output captured as text."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    launcher += ["--master-port", str(free_port())]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([*launcher, *command], capture_output=True, text=True, env=env, timeout=timeout)

@@ -7,13 +7,12 @@ and greedy tokens."""
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from dist_utils import torchrun
 
 from ladder_train.checkpoint import Checkpointer
 from ladder_train.cli import ladder_generate as generate_main
@@ -227,23 +226,7 @@ def test_torchrun_tp2_prints_the_single_process_completion_once(tmp_path, capsys
     folder = tiny_folder(tmp_path / "m", {"eos_token": "<|endoftext|>"})
     args = [str(folder), "--prompt", CODE_PROMPT, "--max-new-tokens", "16"]
     expected = run_cli(capsys, *args)[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-    ]
-    result = subprocess.run(
-        [*torchrun, "-m", "ladder_train.inference", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    result = torchrun(2, "-m", "ladder_train.inference", *args)
     assert result.returncode == 0, result.stderr
     assert result.stdout == expected  # rank 0 alone prints
     assert "at TP 2" in result.stderr and "RuntimeWarning" not in result.stderr

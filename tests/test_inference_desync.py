@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-from dist_utils import run_ranks
+from dist_utils import run_ranks, torchrun
 
 from ladder_train.bench.comm_count import CountingCommunicator
 from ladder_train.checkpoint import Checkpointer
@@ -20,7 +20,6 @@ from ladder_train.errors import InputError
 from ladder_train.inference import Generator, TPCommunicator, load_tp_model
 from ladder_train.loading import load_tp_shard
 from ladder_train.model import ModelArgs, Transformer
-from ladder_train.parallel import free_port
 
 SHAPE = dict(vocab_size=257, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=48)
 CASES = {
@@ -123,18 +122,7 @@ def test_ladder_generate_prints_the_same_text_at_tp1_and_tp2(served):
     one = subprocess.run(
         [sys.executable, "-m", "ladder_train.inference", *args], capture_output=True, text=True, env=env
     )
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-    ]
-    two = subprocess.run(
-        [*torchrun, "-m", "ladder_train.inference", *args], capture_output=True, text=True, env=env, timeout=120
-    )
+    two = torchrun(2, "-m", "ladder_train.inference", *args)
     assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
     assert one.stdout.strip() and two.stdout == one.stdout
     assert "at TP 1" in one.stderr and "at TP 2" in two.stderr
