@@ -3,8 +3,10 @@
 #
 #   bash benchmarks/gpu_prepare.sh          (from the project's root; ~1 minute the first time, seconds after)
 #
-# makes .gpu/ (git-ignored through .git/info/exclude; ~13 MB):
+# makes .gpu/ (git-ignored through .git/info/exclude; ~27 MB):
 #   .gpu/tokenizer.json  the StarCoder tokenizer (../shared/tokenizers/starcoder/tokenizer.json)
+#   .gpu/fineweb/, eval/ ../shared/data/fineweb's parquet files (8 MB) and ../shared/eval (5 MB): the small study's
+#                        data and end-of-training eval sets (benchmarks/gpu_study.py)
 #   .gpu/tokens/         a token folder of ../shared/data/fineweb made with `ladder-data prepare` and that tokenizer
 #                        (~4.8M tokens); kept when it is complete and made with this tokenizer, else made again
 #   .gpu/whl/            wheels of the pure-Python packages a bare GPU machine lacks (it has torch, triton,
@@ -23,7 +25,7 @@ G=.gpu
 
 [ -f pyproject.toml ] && [ -f benchmarks/gpu_check.py ] || { echo "gpu_prepare: run from the project's root" >&2; exit 2; }
 [ -x "$PY" ] || { echo "gpu_prepare: no Python at $PY (set PY=...)" >&2; exit 2; }
-for need in "$SHARED/tokenizers/starcoder/tokenizer.json" "$SHARED/data/fineweb"; do
+for need in "$SHARED/tokenizers/starcoder/tokenizer.json" "$SHARED/data/fineweb" "$SHARED/eval"; do
   [ -e "$need" ] || { echo "gpu_prepare: $need not found (set SHARED=...)" >&2; exit 2; }
 done
 
@@ -57,6 +59,12 @@ else
     --workers 2 2>&1 | grep -v "it/s\|shards/s" | tail -2
   tokens_complete || { echo "gpu_prepare: $G/tokens is not complete after ladder-data prepare" >&2; exit 1; }
 fi
+
+# the FineWeb sample the small study's recipes read from ../shared (benchmarks/gpu_study.py uses it there)
+# and the local eval sets its end-of-training evaluation reads (../shared/eval, 5 MB)
+mkdir -p "$G/fineweb"
+for f in "$SHARED"/data/fineweb/*.parquet; do cmp -s "$f" "$G/fineweb/$(basename "$f")" || cp "$f" "$G/fineweb/"; done
+rm -rf "$G/eval" && cp -r "$SHARED/eval" "$G/eval"
 
 # one wheel per package at this environment's version; a wheel already there is kept, other versions removed (all
 # of them when they were fetched for another Python)

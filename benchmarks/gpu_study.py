@@ -1,0 +1,193 @@
+"""A layout study's runs on one GPU, several at once (issue 42: the small study's pairs in minutes, bf16), on a bare,
+offline machine that received the checkout with ``.gpu/`` (``bash benchmarks/gpu_prepare.sh``):
+
+    python -m benchmarks.gpu_study --out DIR --jobs 8 --budget-s 420 \\
+        --study "recipes/study_small.yaml model.residual=standard train.optimizer.lr=8e-3 run.seed=3,4,5 run.dir=runs/gpu_seeds" \\
+        --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=4e-3 run.seed=3,4,5 run.dir=runs/gpu_seeds"
+    python -m benchmarks.gpu_study --tiny --out /tmp/s --study "..." --set train.max_steps=3   # the CPU, a check
+
+Each ``--study`` is what ``ladder-train study --config`` takes (a recipe, then ``key=a,b`` overrides); its points are
+the study runner's (``ladder_train.study``), each trained by ``python -m ladder_train.train`` with the point's
+overrides, then ``train.dtype=bf16`` (a GPU; ``--tiny``: fp32), ``.gpu/fineweb`` and ``.gpu/eval`` for the recipe's
+``../shared/data/fineweb`` and ``../shared/eval`` where the machine has no ../shared, and every ``--set``. Up to ``--jobs`` trainers share the
+GPU (a 0.9M-parameter model leaves it mostly idle); each is a process group killed at its limit, at the end or on
+SIGTERM (gpu_check's parts). No point starts after ``--budget-s`` seconds; a point is then reported "not started".
+
+Written under ``--out``: ``NAME/POINT/`` per finished point (the study runner's collect: config.yaml, metrics.jsonl,
+summary.json: what ``ladder-report`` and ``docs_tables`` read), ``logs/POINT.log`` per trainer, and ``gpu_study.json``
+(per point: outcome, seconds, final validation loss; the card, torch, date, command). A table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shlex
+import shutil
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks import gpu_check as check
+
+# the ../shared folders recipes name, and their copies gpu_prepare.sh puts in .gpu/ for a machine without ../shared
+SHARED_COPIES = {"../shared/data/fineweb": check.GPU_DIR / "fineweb", "../shared/eval": check.GPU_DIR / "eval"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="folder of the collected runs, logs/ and gpu_study.json")
+    p.add_argument("--study", action="append", required=True, help="RECIPE key=a,b ... (repeatable)")
+    p.add_argument("--jobs", type=int, default=8, help="trainers at once (default 8)")
+    p.add_argument("--budget-s", type=float, default=None, help="no point starts after this many seconds")
+    p.add_argument("--run-limit-s", type=float, default=900, help="one trainer's time limit (default 900)")
+    p.add_argument("--tiny", action="store_true", help="on the CPU, fp32, one thread per trainer: a check of this tool")
+    p.add_argument("--set", action="append", default=[], type=check.config_override, metavar="KEY=VALUE")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs must be at least 1, got {args.jobs}")
+    return args
+
+
+def studies(args: argparse.Namespace, work: Path):
+    """(name, Study whose folder is ``work``/name, its recipe) for every ``--study``; each point's config checked."""
+    from ladder_train.study.grid import fixed_overrides
+    from ladder_train.study.runner import Study
+
+    found = []
+    for text in args.study:
+        recipe, *overrides = shlex.split(text)
+        name = Path(dict(x.split("=", 1) for x in fixed_overrides(overrides)).get("run.dir", "study")).name
+        kept = [x for x in overrides if not x.startswith("run.dir=")]  # the runs live in the work folder
+        found.append((name, Study(recipe, [*kept, f"run.dir={work / name}"]), recipe))
+    return found
+
+
+def machine_overrides(recipe: str, tiny: bool, given: list[str]) -> list[str]:
+    """What this machine changes in every point: bf16 on a GPU, and each ../shared folder the recipe reads and this
+    machine lacks replaced by its copy in .gpu/ (gpu_prepare.sh), unless ``given`` (the ``--set`` items) names it."""
+    from ladder_train.config import load_config
+
+    overrides = ["wandb.mode=disabled"] + ([] if tiny else ["train.dtype=bf16"])
+    cfg = load_config(recipe, [])
+    for key, (section, field) in {"data.source": ("data", "source"), "eval.local_data": ("eval", "local_data")}.items():
+        value = getattr(getattr(cfg, section), field)
+        if value not in SHARED_COPIES or Path(value).exists() or any(x.startswith(key + "=") for x in given):
+            continue
+        if not SHARED_COPIES[value].is_dir():
+            raise SystemExit(
+                f"gpu_study: {recipe} reads {value} ({key}), absent here, and so is {SHARED_COPIES[value]}"
+            )
+        overrides.append(f"{key}={SHARED_COPIES[value]}")
+    return overrides
+
+
+def final_val_loss(run_dir: Path) -> float | None:
+    rows = [r for r in check.read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r]
+    return rows[-1]["val_loss"] if rows else None
+
+
+def run_within(parts: list, env: dict, jobs: int, deadline: float | None) -> None:
+    """gpu_check's run_part for each part, ``jobs`` at once; a part not started by ``deadline`` is not started."""
+    lock = threading.Lock()
+
+    def one(part):
+        with lock:
+            late = deadline is not None and time.monotonic() > deadline
+        if late:
+            part.outcome = {"rc": None, "not_started": True, "wall_s": 0.0}
+            return
+        check.run_part(part, env)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [pool.submit(one, part) for part in parts]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            check.STOP.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    started = datetime.datetime.now(datetime.UTC)
+    site = check.ensure_imports()
+    work = check.work_folder(args.tiny)
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    from ladder_train.errors import ConfigError, InputError
+
+    try:
+        found = studies(args, work)
+    except (ConfigError, InputError) as err:
+        shutil.rmtree(work, ignore_errors=True)
+        raise SystemExit(f"gpu_study: error: {err}") from None
+    parts = []
+    for name, study, recipe in found:
+        extra = [*machine_overrides(recipe, args.tiny, args.set), *args.set]
+        for point in study.points:
+            argv_point = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
+            argv_point += [*point.run_overrides(study.dir), *extra]
+            part = check.Part(f"{name}/{point.name}", "study", argv_point, args.run_limit_s, logs / f"{point.name}.log")
+            part.info.update(study=name, run_dir=point.run_dir(study.dir))
+            parts.append(part)
+    print(f"gpu_study: {len(parts)} runs of {len(found)} studies, {args.jobs} at once", flush=True)
+    env = check.child_env(site, args.tiny)
+    deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            run_within(parts, env, args.jobs, deadline)
+        except KeyboardInterrupt:
+            print("gpu_study: interrupted; every trainer stopped; the finished runs are kept", flush=True)
+        for name, study, _ in found:
+            study.collect(args.out / name)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        rows = [point_row(part) for part in parts]
+        shutil.rmtree(work, ignore_errors=True)
+    env_row = check.environment(argv, started, args.tiny)
+    env_row["command"] = shlex.join(["python", "-m", "benchmarks.gpu_study", *argv])
+    summary = {"env": env_row, "runs": rows}
+    (args.out / "gpu_study.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"{'run':<90} {'outcome':<26} {'s':>6}  val loss")
+    for r in rows:
+        loss = "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"
+        print(f"{r['run']:<90} {r['outcome']:<26} {r['wall_s']:>6.0f}  {loss}")
+    return 0 if all(r["finished"] for r in rows) else 1
+
+
+def point_row(part) -> dict:
+    from ladder_train.study.runner import finished
+
+    run_dir = part.info["run_dir"]
+    outcome = "not started (budget)" if part.outcome.get("not_started") else check.describe_outcome(part.outcome)
+    done = finished(run_dir)
+    return {
+        "run": part.name,
+        "finished": done,
+        "outcome": outcome if part.outcome else "not started",
+        "wall_s": part.outcome.get("wall_s", 0.0),
+        "final_val_loss": final_val_loss(run_dir) if done else None,
+        "error": None
+        if done
+        else check.failure(part)
+        if part.outcome and not part.outcome.get("not_started")
+        else None,
+        "command": shlex.join(["python", *part.argv[1:]]),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
