@@ -11,7 +11,9 @@ the study runner's (``ladder_train.study``), each trained by ``python -m ladder_
 overrides, then ``train.dtype=bf16`` (a GPU; ``--tiny``: fp32), ``.gpu/fineweb`` and ``.gpu/eval`` for the recipe's
 ``../shared/data/fineweb`` and ``../shared/eval`` where the machine has no ../shared, and every ``--set``. Up to ``--jobs`` trainers share the
 GPU (a 0.9M-parameter model leaves it mostly idle); each is a process group killed at its limit, at the end or on
-SIGTERM (gpu_check's parts). No point starts after ``--budget-s`` seconds; a point is then reported "not started".
+SIGTERM (gpu_check's parts). The studies' points start interleaved (each study's first point, then each one's
+second, ...), so the arms of a comparison stay paired; no point starts after ``--budget-s`` seconds and is then
+reported "not started".
 
 Written under ``--out``: ``NAME/POINT/`` per finished point (the study runner's collect: config.yaml, metrics.jsonl,
 summary.json: what ``ladder-report`` and ``docs_tables`` read), ``logs/POINT.log`` per trainer, and ``gpu_study.json``
@@ -140,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             argv_point = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
             argv_point += [*point.run_overrides(study.dir), *extra]
             part = check.Part(f"{name}/{point.name}", "study", argv_point, args.run_limit_s, logs / f"{point.name}.log")
-            part.info.update(study=name, run_dir=point.run_dir(study.dir))
+            part.info.update(study=name, run_dir=point.run_dir(study.dir), order=(point.index, len(parts)))
             parts.append(part)
+    # the studies' points interleaved (each study's first, then each one's second, ...): a budget that cuts the
+    # list leaves whole pairs when the studies are the arms of one comparison
+    parts.sort(key=lambda part: part.info["order"][0])
     print(f"gpu_study: {len(parts)} runs of {len(found)} studies, {args.jobs} at once", flush=True)
     env = check.child_env(site, args.tiny)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s

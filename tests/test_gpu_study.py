@@ -64,6 +64,7 @@ def test_runs_within_the_budget_and_collects_the_finished_ones(tmp_path):
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "benchmarks.gpu_study", "--tiny", "--out", str(out), "--jobs", "1"]
     argv += ["--budget-s", "5", "--study", f"{RECIPE} model.residual=ladder run.seed=0,1 run.dir=runs/pairs"]
+    argv += ["--study", f"{RECIPE} model.residual=standard run.seed=0,1 run.dir=runs/pairs"]  # interleaved: not run
     for item in ("train.max_steps=2", "train.schedule.warmup_steps=1", "train.schedule.total_steps=2"):
         argv += ["--set", item]
     for item in ("eval.val_every=2", "eval.val_batches=1", "eval.at_end=false", "checkpoint.every=0"):
@@ -72,9 +73,15 @@ def test_runs_within_the_budget_and_collects_the_finished_ones(tmp_path):
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=400)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]  # one point left out: not all finished
     summary = json.loads((out / "gpu_study.json").read_text())
-    first, second = summary["runs"]
+    first, *others = summary["runs"]  # in the order they were started: the two studies' points interleaved
+    assert [r["run"].split("/")[1] for r in others] == [
+        "model.residual=standard,run.seed=0",
+        "model.residual=ladder,run.seed=1",
+        "model.residual=standard,run.seed=1",
+    ]
     assert first["run"] == "pairs/model.residual=ladder,run.seed=0" and first["finished"] and first["outcome"] == "done"
-    assert second["outcome"] == "not started (budget)" and not second["finished"] and second["wall_s"] == 0
+    for second in others:
+        assert second["outcome"] == "not started (budget)" and not second["finished"] and second["wall_s"] == 0
     run = out / "pairs" / "model.residual=ladder,run.seed=0"
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "metrics.jsonl", "summary.json"]
     assert not (out / "pairs" / "model.residual=ladder,run.seed=1").exists()

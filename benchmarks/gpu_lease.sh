@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A short GPU lease's worth of the project's GPU checks, in two device calls of under 10 minutes each, on a bare,
+# offline machine that received the checkout with .gpu/ (bash benchmarks/gpu_prepare.sh):
+#   OUT=DIR bash benchmarks/gpu_lease.sh check   # gpu_check: ceilings, standard at micro-batch 2 (+ profiled),
+#                                                # whole-1.2B decode with and without GEMV tuning (~6 min, estimated)
+#   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
+#                                                # many as start within STUDY_S (~5 min with the defaults)
+# Each writes at most 6 files under OUT (the device tool brings back 8). Knobs: CHECK_S (450, gpu_check's outer
+# limit), CHECK (its arguments), STUDY_S (180), PYTHON (python3), SEEDS (3,4,5,6,7,8,9,10), TINY=1 (the CPU at tiny sizes: a check of
+# this script). Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl; study.tgz holds the finished runs
+# as the study runner collects them (for docs/results/study_small/); remake the tables.
+set -u
+PART=${1:?usage: OUT=DIR bash benchmarks/gpu_lease.sh check|study}
+OUT=${OUT:?set OUT to the folder the results go to}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export PYTHONUNBUFFERED=1
+SEEDS=${SEEDS:-3,4,5,6,7,8,9,10}
+case "$PART" in
+  check)
+    nvidia-smi > "$OUT/nvidia_smi.txt" 2>&1 || echo "no nvidia-smi here" > "$OUT/nvidia_smi.txt"
+    if [ -n "${TINY:-}" ]; then
+      read -r -a ARGS <<< "${CHECK:---tiny --layouts standard --profile --keep-trace --decode-layers 2}"
+    else
+      read -r -a ARGS <<< "${CHECK:---layouts standard --steps 14 --profile --keep-trace --decode-layers 40}"
+    fi
+    timeout -s TERM "${CHECK_S:-450}" "${PYTHON:-python3}" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
+      | tee "$OUT/check.log"
+    cp "$W/check/gpu.jsonl" "$OUT/" 2>/dev/null
+    mv "$W"/check/logs/*/*.trace.json.gz "$OUT/" 2>/dev/null
+    tar czf "$OUT/check_logs.tgz" -C "$W/check" logs 2>/dev/null
+    ;;
+  study)
+    ARGS=(--jobs 8)
+    if [ -n "${TINY:-}" ]; then
+      ARGS=(--tiny --jobs 2 --set train.max_steps=2 --set train.schedule.warmup_steps=1 --set train.schedule.total_steps=2
+            --set eval.val_every=2 --set eval.val_batches=1 --set eval.at_end=false --set data.num_workers=0)
+    fi
+    # a point that started runs to its end: the outer limit leaves it 4 minutes after the budget
+    timeout -s TERM $(( ${STUDY_S:-180} + 240 )) "${PYTHON:-python3}" -m benchmarks.gpu_study --out "$W/study" \
+      --budget-s "${STUDY_S:-180}" \
+      --study "recipes/study_small.yaml model.residual=standard train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
+      --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=4e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
+      "${ARGS[@]}" > "$OUT/study.log" 2>&1
+    tail -25 "$OUT/study.log"
+    tar czf "$OUT/study.tgz" -C "$W" study 2>/dev/null
+    ;;
+  *)
+    echo "gpu_lease: PART is check or study, got $PART" >&2
+    exit 2
+    ;;
+esac
+ls -la "$OUT"
