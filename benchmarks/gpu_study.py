@@ -29,7 +29,6 @@ import shlex
 import shutil
 import signal
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -95,12 +94,9 @@ def final_val_loss(run_dir: Path) -> float | None:
 
 def run_within(parts: list, env: dict, jobs: int, deadline: float | None) -> None:
     """gpu_check's run_part for each part, ``jobs`` at once; a part not started by ``deadline`` is not started."""
-    lock = threading.Lock()
 
     def one(part):
-        with lock:
-            late = deadline is not None and time.monotonic() > deadline
-        if late:
+        if deadline is not None and time.monotonic() > deadline:
             part.outcome = {"rc": None, "not_started": True, "wall_s": 0.0}
             return
         check.run_part(part, env)
@@ -132,12 +128,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         found = studies(args, work)
-    except (ConfigError, InputError) as err:
+        extras = {name: [*machine_overrides(recipe, args.tiny, args.set), *args.set] for name, _, recipe in found}
+    except (ConfigError, InputError, SystemExit) as err:
         shutil.rmtree(work, ignore_errors=True)
-        raise SystemExit(f"gpu_study: error: {err}") from None
+        raise SystemExit(str(err) if isinstance(err, SystemExit) else f"gpu_study: error: {err}") from None
     parts = []
     for name, study, recipe in found:
-        extra = [*machine_overrides(recipe, args.tiny, args.set), *args.set]
+        extra = extras[name]
         for point in study.points:
             argv_point = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
             argv_point += [*point.run_overrides(study.dir), *extra]
@@ -177,19 +174,21 @@ def point_row(part) -> dict:
     from ladder_train.study.runner import finished
 
     run_dir = part.info["run_dir"]
-    outcome = "not started (budget)" if part.outcome.get("not_started") else check.describe_outcome(part.outcome)
+    started = bool(part.outcome) and not part.outcome.get("not_started")
+    if not part.outcome:
+        outcome = "not started"
+    elif not started:
+        outcome = "not started (budget)"
+    else:
+        outcome = check.describe_outcome(part.outcome)
     done = finished(run_dir)
     return {
         "run": part.name,
         "finished": done,
-        "outcome": outcome if part.outcome else "not started",
+        "outcome": outcome,
         "wall_s": part.outcome.get("wall_s", 0.0),
         "final_val_loss": final_val_loss(run_dir) if done else None,
-        "error": None
-        if done
-        else check.failure(part)
-        if part.outcome and not part.outcome.get("not_started")
-        else None,
+        "error": check.failure(part) if started and not done else None,
         "command": shlex.join(["python", *part.argv[1:]]),
     }
 
