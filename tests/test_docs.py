@@ -120,3 +120,29 @@ def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| standard")]
     # final validation loss = base + 1: 3.0 at the chosen 8e-3 (seed 0, not seed 1's 8.0), 2.9 at 4e-3
     assert rows == [["standard", "0.008", "3.0000", "0.004", "2.9000", "-0.1000"]]
+
+
+def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_differences(tmp_path):
+    from fabricate import fabricate_run
+
+    from ladder_train.report.docs_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS, make_table
+
+    for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
+        (tmp_path / folder).mkdir(parents=True)
+    for seed in (0, 1):
+        for layout, base in (("standard", 2.0 + seed), ("ladder", 2.1 + seed)):
+            overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
+            fabricate_run(tmp_path / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary={})
+    lr4 = ["train.optimizer.lr=4e-3"]
+    fabricate_run(tmp_path / STUDY_HORIZON, "ladder_s0", "ladder", 2.02, [*lr4, "run.seed=0"], summary={})
+    fabricate_run(tmp_path / STUDY_HORIZON, "standard_s0", "standard", 1.9, [*lr4, "run.seed=0"], summary={})
+    fabricate_run(tmp_path / STUDY_LADDER_4E3, "ladder_s1", "ladder", 3.04, [*lr4, "run.seed=1"], summary={})
+    table = make_table("study-ladder-rate", tmp_path)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:] if line.startswith("| ")]
+    # final validation loss = base + 1; standard's 4e-3 horizon run is not the ladder's
+    assert rows == [
+        ["0", "3.1000", "3.0200", "3.0000", "+0.1000", "+0.0200"],
+        ["1", "4.1000", "4.0400", "4.0000", "+0.1000", "+0.0400"],
+        ["mean", "", "", "", "+0.1000", "+0.0300"],
+    ]
+    assert "2 pair(s): no interval before three." in table

@@ -31,6 +31,7 @@ _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!
 STUDY_LR = Path("docs/results/study_small/lr")
 STUDY_SEEDS = Path("docs/results/study_small/seeds")
 STUDY_HORIZON = Path("docs/results/study_small/horizon")
+STUDY_LADDER_4E3 = Path("docs/results/study_small/ladder_4e-3")  # the ladder's seeds >= 1 at 4e-3 (seed 0: horizon)
 STUDY_UNIGRAM = Path("docs/results/study_small/unigram.json")
 # 3 seeds x (standard, parallel, ladder, the 6- and 4-layer standard controls), as docs/results.md plans
 STUDY_SEED_RUNS = 15
@@ -182,6 +183,35 @@ def study_horizon(root: Path) -> str:
     )
 
 
+def study_ladder_rate(root: Path) -> str:
+    """The ladder at 4e-3 seed by seed (seed 0 is the horizon run), beside its 8e-3 run and standard's 8e-3 run of
+    the same seed, with the paired differences to standard; their mean once two seeds are in."""
+    at_4e3 = [read_run(p.parent) for p in sorted((root / STUDY_HORIZON).glob("*/metrics.jsonl"))]
+    at_4e3 = [run for run in at_4e3 if run.residual == "ladder" and run.config.train.optimizer.lr == 4e-3]
+    at_4e3 += [read_run(p.parent) for p in sorted((root / STUDY_LADDER_4E3).glob("*/metrics.jsonl"))]
+    seeds = [read_run(p.parent) for p in sorted((root / STUDY_SEEDS).glob("*/metrics.jsonl"))]
+    at_8e3 = {(r.residual, r.seed, r.config.model.n_layers): r for r in seeds}  # the controls differ in depth
+    rows, new_gaps, old_gaps = [], [], []
+    for run in sorted(at_4e3, key=lambda r: r.seed):
+        depth = run.config.model.n_layers
+        ladder8, standard8 = at_8e3[("ladder", run.seed, depth)], at_8e3[("standard", run.seed, depth)]
+        new, old, base = final_val_loss(run), final_val_loss(ladder8), final_val_loss(standard8)
+        new_gaps.append(new - base)
+        old_gaps.append(old - base)
+        rows.append(
+            [str(run.seed), f"{old:.4f}", f"{new:.4f}", f"{base:.4f}", f"{old - base:+.4f}", f"{new - base:+.4f}"]
+        )
+    if len(rows) > 1:
+        rows.append(["mean", "", "", "", f"{statistics.mean(old_gaps):+.4f}", f"{statistics.mean(new_gaps):+.4f}"])
+    header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
+    return (
+        markdown_table(header, rows)
+        + f"\n\nValidation loss (nats/byte) at step 2,200, one run per cell; the ladder at 4e-3 from `{STUDY_HORIZON}` "
+        f"(seed 0) and `{STUDY_LADDER_4E3}`, the 8e-3 runs from `{STUDY_SEEDS}`. {len(rows) - (len(rows) > 1)} pair(s): "
+        "no interval before three.\n"
+    )
+
+
 def json_table(relative: str) -> Callable[[Path], str]:
     """A table stored as ``{"header": [...], "rows": [[...]], "note": "..."}`` by the script that measured it."""
 
@@ -225,6 +255,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "study-paper-gap": study_paper_gap,
     "study-unigram": study_unigram,
     "study-horizon": study_horizon,
+    "study-ladder-rate": study_ladder_rate,
     "predict-paper70": json_table("docs/results/predict_paper70.json"),  # written by `ladder-predict paper --out`
     "activation-memory": activation_memory,
     **doc_bench_tables.TABLES,  # the developer benchmarks' JSON lines (benchmarks/*.py --out)
