@@ -49,6 +49,7 @@ def test_a_machine_without_shared_reads_the_carried_copies(tmp_path, monkeypatch
         gpu_study.machine_overrides(RECIPE, tiny=True, given=[])
 
 
+@pytest.mark.slow
 def test_a_bad_study_is_one_line_before_any_run(tmp_path):
     argv = [sys.executable, "-m", "benchmarks.gpu_study", "--tiny", "--out", str(tmp_path / "out")]
     argv += ["--study", f"{RECIPE} model.residual=standard,nonsense run.dir=runs/x"]
