@@ -5,9 +5,9 @@
 #                                                # whole-1.2B decode with and without GEMV tuning (~6 min, estimated)
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                # many as start within STUDY_S (~5 min with the defaults)
-# Each writes at most 6 files under OUT (the device tool brings back 8). Knobs: CHECK_S (450, gpu_check's outer
-# limit), CHECK (its arguments), STUDY_S (180), PYTHON (python3), SEEDS (3,4,5,6,7,8,9,10), TINY=1 (the CPU at tiny sizes: a check of
-# this script). Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl; study.tgz holds the finished runs
+# Each writes at most 6 files under OUT (the device tool brings back 8). Knobs: CHECK_S (gpu_check's outer limit:
+# 520, for a device call of timeout_s 580), CHECK (its arguments), STUDY_S (180; a call of timeout_s 450), PYTHON
+# (python3), SEEDS (3,4,5,6,7,8,9,10), TINY=1 (the CPU at tiny sizes: a check of this script). Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl; study.tgz holds the finished runs
 # as the study runner collects them (for docs/results/study_small/); remake the tables.
 set -u
 PART=${1:?usage: OUT=DIR bash benchmarks/gpu_lease.sh check|study}
@@ -25,7 +25,7 @@ case "$PART" in
     else
       read -r -a ARGS <<< "${CHECK:---layouts standard --steps 14 --profile --keep-trace --decode-layers 40}"
     fi
-    timeout -s TERM "${CHECK_S:-450}" "${PYTHON:-python3}" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
+    timeout -s TERM "${CHECK_S:-520}" "${PYTHON:-python3}" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
       | tee "$OUT/check.log"
     cp "$W/check/gpu.jsonl" "$OUT/" 2>/dev/null
     mv "$W"/check/logs/*/*.trace.json.gz "$OUT/" 2>/dev/null
