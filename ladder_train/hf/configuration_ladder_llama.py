@@ -196,6 +196,11 @@ class LadderLlamaConfig(LlamaConfig):
         rope = self.rope_parameters if isinstance(self.rope_parameters, dict) else {}
         if "rope_theta" in rope:  # transformers 5 keeps rope_theta there
             _raise_if_bad({"rope_theta": rope["rope_theta"]})
+        if self.residual == "desync":
+            # Llama's plan shards each module's heads and columns across ranks; a desync model already computes its
+            # t rank-local streams through those slices on every device, so transformers' TP would slice them again.
+            # No plan: under a distributed load the blocks are replicated, which computes the same function.
+            self.base_model_tp_plan = {}
 
     def layer_layouts(self) -> list[str]:
         """The layout of each layer, first to last: a hybrid ladder or desync keeps its first L - N layers standard."""
