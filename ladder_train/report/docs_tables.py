@@ -29,6 +29,7 @@ DOCS = ("README.md", "docs/results.md", "docs/benchmarks.md", "docs/guide.md", "
 COMMAND = "python -m ladder_train.report.docs_tables --write"
 _BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+): [^\n]*-->\n)(?P<body>.*?)(<!-- end table -->)", re.S)
 STUDY_LR = Path("docs/results/study_small/lr")
+STUDY_LR_DESYNC = Path("docs/results/study_small/lr_desync")  # desync-2 (t = 2), issue 43's arm
 STUDY_SEEDS = Path("docs/results/study_small/seeds")
 STUDY_HORIZON = Path("docs/results/study_small/horizon")
 STUDY_LADDER_4E3 = Path("docs/results/study_small/ladder_4e-3")  # the ladder's seeds >= 1 at 4e-3 (seed 0: horizon)
@@ -42,12 +43,14 @@ def study_lr_sweep(root: Path) -> str:
     """The layout study's learning-rate sweep: validation loss at the sweep's horizon per layout and rate, the
     chosen rate in bold; a layout or rate without a finished run says so."""
     folders = sorted(p.parent for p in (root / STUDY_LR).glob("*/metrics.jsonl"))
-    by_layout = {sweep.label: sweep for sweep in sweeps(group_runs([read_run(p) for p in folders]))}
+    desync = sorted(p.parent for p in (root / STUDY_LR_DESYNC).glob("*/metrics.jsonl"))
+    by_layout = {sweep.label: sweep for sweep in sweeps(group_runs([read_run(p) for p in folders + desync]))}
     rates = sorted({lr for sweep in by_layout.values() for lr in sweep.losses})
     rows = []
-    for layout in LAYOUTS:
+    for layout in (*LAYOUTS, "desync") if desync else LAYOUTS:
         sweep = by_layout.get(layout)
-        best = sweep.choice.best if sweep and sweep.choice else None
+        complete = sweep is not None and set(rates) <= set(sweep.losses)  # a rate is chosen from a whole row
+        best = sweep.choice.best if complete and sweep.choice else None
         cells = []
         for lr in rates:
             if sweep is None or lr not in sweep.losses:
@@ -55,12 +58,13 @@ def study_lr_sweep(root: Path) -> str:
             else:
                 value = f"{sweep.losses[lr]:.4f}"
                 cells.append(f"**{value}**" if lr == best else value)
-        rows.append([layout, *cells])
+        rows.append(["desync-2 (t = 2)" if layout == "desync" else layout, *cells])
     horizon = {sweep.horizon_step for sweep in by_layout.values()}
+    also = f" and the {len(desync)} in `{STUDY_LR_DESYNC}` (no rate chosen before its row is whole)" if desync else ""
     return (
         markdown_table(["layout \\ peak lr", *(f"{lr:g}" for lr in rates)], rows)
         + f"\n\nValidation loss in nats/byte at step {', '.join(map(str, sorted(horizon)))}, one seed each; "
-        f"from the {len(folders)} runs in `{STUDY_LR}`.\n"
+        f"from the {len(folders)} runs in `{STUDY_LR}`{also}.\n"
     )
 
 
