@@ -221,11 +221,20 @@ def part_ok(part: Part) -> bool:
     return part.outcome.get("rc") == 0 or bool(part.outcome.get("stopped"))
 
 
-def run_parts(parts: list[Part], env: dict, jobs: int) -> None:
+def run_parts(parts: list[Part], env: dict, jobs: int, start_by: float | None = None) -> None:
+    """``jobs`` parts at once; with ``start_by`` (a time.monotonic() deadline) a part not started by then is not
+    started (its outcome says ``not_started``)."""
     if not parts:
         return
+
+    def start(part: Part) -> None:
+        if start_by is not None and time.monotonic() > start_by:
+            part.outcome = {"rc": None, "not_started": True, "wall_s": 0.0}
+        else:
+            run_part(part, env)
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_part, part, env) for part in parts]
+        futures = [pool.submit(start, part) for part in parts]
         try:
             for future in futures:
                 future.result()

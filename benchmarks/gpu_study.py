@@ -30,7 +30,6 @@ import shutil
 import signal
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from benchmarks import gpu_check as check
@@ -92,26 +91,6 @@ def final_val_loss(run_dir: Path) -> float | None:
     return rows[-1]["val_loss"] if rows else None
 
 
-def run_within(parts: list, env: dict, jobs: int, deadline: float | None) -> None:
-    """gpu_check's run_part for each part, ``jobs`` at once; a part not started by ``deadline`` is not started."""
-
-    def one(part):
-        if deadline is not None and time.monotonic() > deadline:
-            part.outcome = {"rc": None, "not_started": True, "wall_s": 0.0}
-            return
-        check.run_part(part, env)
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(one, part) for part in parts]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            check.STOP.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -150,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         try:
-            run_within(parts, env, args.jobs, deadline)
+            check.run_parts(parts, env, args.jobs, start_by=deadline)
         except KeyboardInterrupt:
             print("gpu_study: interrupted; every trainer stopped; the finished runs are kept", flush=True)
         for name, study, _ in found:
