@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .lifetime import ends_with_this_process
 from .model import PAPER_LAYOUTS
 from .report import write_report
 
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _run(cmd: list[str], env: dict) -> None:
     print(f"\n$ {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, env=env, check=True)
+    subprocess.run(cmd, env=env, check=True, preexec_fn=ends_with_this_process())
 
 
 def find_shared_eval() -> Path | None:

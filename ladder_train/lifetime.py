@@ -1,10 +1,12 @@
-"""A process that must not outlive the one that started it: loader workers (their trainer), ranks (torchrun), a
-study's trainers (the study). The kernel signals the child when its parent dies, even by SIGKILL (Linux); where
-that cannot be armed, a thread polls the parent's pid."""
+"""A process that must not outlive the one that started it: loader workers (their trainer), ranks (torchrun;
+ladder-bench's spawned ones), a study's trainers (the study), the commands ladder-predict validate and the demo run.
+The kernel signals the child when its parent dies, even by SIGKILL (Linux); where that cannot be armed, a thread
+polls the parent's pid."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -45,3 +47,8 @@ def end_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         os.kill(os.getpid(), sig)
 
     threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
+
+
+def ends_with_this_process(sig: int = signal.SIGTERM):
+    """A ``preexec_fn`` for ``subprocess``: the child gets ``sig`` when this process dies, even by SIGKILL."""
+    return functools.partial(end_with_parent, os.getpid(), sig)

@@ -267,3 +267,81 @@ def test_a_run_refused_as_bad_input_leaves_no_run_folder(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("ladder-train: error: ")
     assert str(tmp_path / "missing") in done.stderr
     assert not run_dir.exists()  # neither run.lock nor config.yaml stays behind
+
+
+def _descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        try:
+            children = _children(todo.pop())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        found |= children
+        todo += children
+    return found
+
+
+def _wait_for_descendants(proc: subprocess.Popen, count: int, seconds: float) -> set[int]:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while len(found := _descendants(proc.pid)) < count:
+        assert proc.poll() is None and time.monotonic() < deadline, f"{count} processes did not start: {found}"
+        time.sleep(0.1)
+    time.sleep(1)  # the last started may still be arming its parent-death signal
+    return _descendants(proc.pid)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+@pytest.mark.parametrize("launcher", ["ladder-bench", "ladder-predict validate"])
+def test_a_killed_tp_benchmark_takes_its_ranks_with_it(tmp_path, launcher):
+    """ladder-bench at TP 2 spawns its ranks; ladder-predict validate runs ladder-bench: a SIGTERM (pkill's
+    default) to the command a user started ends every process under it."""
+    import signal
+
+    import yaml
+
+    shape = ["--set", "n_layers=8", "dim=256", "n_heads=4", "n_kv_heads=4", "ffn_dim=512", "max_seq_len=2048"]
+    if launcher == "ladder-bench":
+        # bench -> its ranks (and torch's resource tracker)
+        cmd = [
+            "-m",
+            "ladder_train.bench",
+            "--model",
+            "tiny",
+            *shape,
+            "--tp",
+            "2",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "1500",
+        ]
+        count = 2
+    else:
+        # validate -> ladder-bench -> its ranks; --skip-calibrate reads the shipped cpu profile
+        shipped = yaml.safe_load((REPO / "ladder_train/predict/hardware.yaml").read_text())["cpu"]
+        (tmp_path / "cpu.yaml").write_text(yaml.safe_dump({"cpu": shipped}))
+        cmd = ["-m", "ladder_train.predict", "validate", "--out-dir", str(tmp_path), "--skip-calibrate"]
+        cmd += ["--cases", "h2304-b1", "--runs", "50"]
+        count = 3
+    proc = subprocess.Popen(
+        [sys.executable, *cmd],
+        cwd=tmp_path,
+        env={**os.environ, **OFFLINE},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    under: set[int] = set()
+    try:
+        under = _wait_for_descendants(proc, count, seconds=120)
+        proc.send_signal(signal.SIGTERM)  # to the launcher only, not its process group
+        proc.wait(timeout=30)
+        assert not _survivors(under, seconds=20), f"outlived {launcher}"
+    finally:
+        proc.kill()
+        for pid in under:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)

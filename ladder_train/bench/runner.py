@@ -28,6 +28,7 @@ import dataclasses
 import datetime
 import os
 import platform
+import signal
 import time
 
 import torch
@@ -37,6 +38,7 @@ from ..bench_schema import shape_name, write_rows
 from ..dtypes import resolve_dtype
 from ..inference import Generator, TPCommunicator, comm_mode_for, load_tp_model
 from ..inference.tp import make_communicator
+from ..lifetime import end_with_parent
 from ..option_errors import OptionError
 from ..parallel import free_port, init_distributed
 from .comm_count import all_reduces_per_decode_step
@@ -289,7 +291,8 @@ def check_tokens_agree(tokens: dict, group):
             raise RuntimeError(f"ladder-bench: TP ranks generated different tokens for model {index}")
 
 
-def _spawned_rank(rank: int, options: BenchOptions, world: int, port: int):
+def _spawned_rank(rank: int, options: BenchOptions, world: int, port: int, launcher: int):
+    end_with_parent(launcher, signal.SIGTERM)  # a killed ladder-bench takes its ranks with it
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
     run_rank(options)
@@ -315,5 +318,5 @@ def run_benchmark(options: BenchOptions) -> int:
         return 0
     import torch.multiprocessing as mp
 
-    mp.spawn(_spawned_rank, args=(options, tp, free_port()), nprocs=tp, join=True)
+    mp.spawn(_spawned_rank, args=(options, tp, free_port(), os.getpid()), nprocs=tp, join=True)
     return 0

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, RunFailed
+from ..lifetime import ends_with_this_process
 from ..model import PAPER_LAYOUTS
 from ..option_errors import OptionError, check_layouts
 
@@ -80,9 +81,10 @@ def validate(
         fields, batch, prompt, gen, xs = CASES[name]
         for x in (0, *xs):
             print(f"\n{PROG}: {name}, X = {x} ms", flush=True)
-            subprocess.run(bench_command(fields, batch, prompt, gen, x, runs, bench, layouts), check=True)
+            command = bench_command(fields, batch, prompt, gen, x, runs, bench, layouts)
+            subprocess.run(command, check=True, preexec_fn=ends_with_this_process())
     compare = [sys.executable, "-m", "ladder_train.predict", "--compare", str(bench), "--profile", str(profile)]
-    result = subprocess.run(compare, capture_output=True, text=True)
+    result = subprocess.run(compare, capture_output=True, text=True, preexec_fn=ends_with_this_process())
     if result.returncode:
         raise RunFailed(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compare failed")
     (out / "compare.txt").write_text(result.stdout)

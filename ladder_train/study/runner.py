@@ -8,7 +8,6 @@ save a checkpoint and stop (SIGTERM to the trainer), starts no further point, an
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shlex
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import InputError, Preempted, RunFailed
-from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
+from ..lifetime import PREEMPTION_SIGNALS, ends_with_this_process
 from .grid import Point, fixed_overrides, grid
 
 FINISHED_FILE = "summary.json"  # the trainer writes it when a run reaches its last step
@@ -158,7 +157,7 @@ def _start_trainer(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
-        preexec_fn=functools.partial(end_with_parent, os.getpid(), signal.SIGTERM),
+        preexec_fn=ends_with_this_process(signal.SIGTERM),
     )
 
 
