@@ -145,4 +145,58 @@ def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_d
         ["1", "4.1000", "4.0400", "4.0000", "+0.1000", "+0.0400"],
         ["mean", "", "", "", "+0.1000", "+0.0300"],
     ]
-    assert "2 pair(s): no interval before three." in table
+    assert "2 pair(s) by seed: no interval before three." in table
+
+
+def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
+    from fabricate import fabricate_run
+
+    from ladder_train.report.docs_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS, make_table
+
+    for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
+        (tmp_path / folder).mkdir(parents=True)
+    for seed, gap in enumerate((0.02, 0.04, 0.09)):
+        for layout, base in (("standard", 2.0 + seed), ("ladder", 2.1 + seed)):
+            overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
+            fabricate_run(tmp_path / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary={})
+        folder = tmp_path / (STUDY_HORIZON if seed == 0 else STUDY_LADDER_4E3)
+        overrides = ["train.optimizer.lr=4e-3", f"run.seed={seed}"]
+        fabricate_run(folder, f"ladder_s{seed}", "ladder", 2.0 + seed + gap, overrides, summary={})
+    table = make_table("study-ladder-rate", tmp_path)
+    lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
+    rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
+    # 4e-3 gaps 0.02, 0.04, 0.09: mean 0.05, sd sqrt(0.0013) = 0.03606, t(0.975, 2) = 4.3027 -> half-width 0.08957;
+    # the 8e-3 gaps are all 0.1 (sd 0)
+    assert rows["mean"] == ["+0.1000", "+0.0500"]
+    assert rows["95 % t interval"] == ["[+0.1000, +0.1000]", "[-0.0396, +0.1396]"]
+    assert "3 pair(s) by seed (paired t, as the seeds table)." in table
+
+
+def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_bracketed_best(tmp_path):
+    from fabricate import fabricate_run
+
+    from ladder_train.report.docs_tables import STUDY_LR, STUDY_LR_DESYNC, make_table
+
+    for folder in (STUDY_LR, STUDY_LR_DESYNC):
+        (tmp_path / folder).mkdir(parents=True)
+    arms = {
+        (STUDY_LR, "standard", ()): {"2e-3": 2.2, "4e-3": 2.0, "8e-3": 2.1},  # 4e-3 bracketed: bold
+        (STUDY_LR, "ladder", ()): {"4e-3": 2.3, "8e-3": 2.25},  # best on the edge of its rates: not bold
+        (STUDY_LR_DESYNC, "desync", ("model.desync_reduce_every=2",)): {"2e-3": 2.4, "4e-3": 2.35, "8e-3": 2.5},
+        (STUDY_LR_DESYNC, "desync", ("model.desync_reduce_every=4",)): {"4e-3": 2.6},  # a probe of one rate
+    }
+    for (folder, residual, extra), losses in arms.items():
+        for lr, base in losses.items():
+            overrides = [f"train.optimizer.lr={lr}", *(["model.desync_tp=2", *extra] if extra else [])]
+            fabricate_run(tmp_path / folder, f"{residual}{''.join(extra)}_{lr}", residual, base, overrides, {})
+    table = make_table("study-lr-sweep", tmp_path)
+    rows = table.splitlines()[2:7]
+    # final validation loss = base + 1
+    assert rows == [
+        "| standard | 3.2000 | **3.0000** | 3.1000 |",
+        "| parallel | not yet | not yet | not yet |",
+        "| ladder | not yet | 3.3000 | 3.2500 |",
+        "| desync-2 (t = 2) | 3.4000 | **3.3500** | 3.5000 |",
+        "| desync-4 (t = 2) | not yet | 3.6000 | not yet |",
+    ]
+    assert "from the 5 runs in `docs/results/study_small/lr` and the 4 in" in table

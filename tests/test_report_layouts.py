@@ -9,8 +9,9 @@ from PIL import Image
 
 from ladder_train.config import load_config
 from ladder_train.errors import InputError
+from ladder_train.option_errors import layout_name
 from ladder_train.report import write_report
-from ladder_train.report.layout_chart import all_reduces_per_layer, layout_name, read_predictions
+from ladder_train.report.layout_chart import all_reduces_per_layer, read_predictions
 
 REPO = Path(__file__).resolve().parents[1]
 SEEDS = REPO / "docs/results/study_small/seeds"

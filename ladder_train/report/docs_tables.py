@@ -18,8 +18,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import EXIT_BAD_INPUT, InputError
+from ..option_errors import desync_every, layout_name
 from ..paper import PRETRAINING
-from ..study import compare_groups, default_baseline, final_val_loss, group_runs, pairs_for_power, power, sweeps
+from ..study import (
+    compare_groups,
+    default_baseline,
+    final_val_loss,
+    group_runs,
+    paired_difference,
+    pairs_for_power,
+    power,
+    sweeps,
+)
 from . import doc_bench_tables, doc_eval_tables, doc_gpu_tables, doc_predict_tables, doc_tp_tables
 from .runs import read_run, train_tokens_per_s
 from .study import comparison_section
@@ -39,19 +49,30 @@ STUDY_SEED_RUNS = 15
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
+def _study_runs(root: Path, folder: Path, required: bool = True) -> list:
+    """The finished runs collected under a study folder, in name order (none: an error when ``required``)."""
+    runs = [read_run(p.parent) for p in sorted((root / folder).glob("*/metrics.jsonl"))]
+    if required and not runs:
+        raise FileNotFoundError(2, "no finished run", str(root / folder))
+    return runs
+
+
+def _seed_runs(root: Path) -> dict[tuple, object]:
+    """The seeds table's runs (each layout at its chosen rate) by residual, seed and depth (the controls')."""
+    return {(r.residual, r.seed, r.config.model.n_layers): r for r in _study_runs(root, STUDY_SEEDS)}
+
+
 def study_lr_sweep(root: Path) -> str:
-    """The layout study's learning-rate sweep: validation loss at the sweep's horizon per layout and rate, the
-    chosen rate in bold; a layout or rate without a finished run says so."""
-    folders = sorted(p.parent for p in (root / STUDY_LR).glob("*/metrics.jsonl"))
-    desync = sorted(p.parent for p in (root / STUDY_LR_DESYNC).glob("*/metrics.jsonl"))
-    by_layout = {sweep.label: sweep for sweep in sweeps(group_runs([read_run(p) for p in folders + desync]))}
+    """The layout study's learning-rate sweep: validation loss at the sweep's horizon per layout and rate, a
+    layout's best rate in bold once worse rates bracket it; a layout or rate without a finished run says so."""
+    sweep_runs, desync = _study_runs(root, STUDY_LR), _study_runs(root, STUDY_LR_DESYNC, required=False)
+    by_layout = {layout_name(s.config.model): s for s in sweeps(group_runs(sweep_runs + desync), min_rates=1)}
     rates = sorted({lr for sweep in by_layout.values() for lr in sweep.losses})
+    desync_layouts = sorted((name for name in by_layout if desync_every(name)), key=desync_every)
     rows = []
-    for layout in (*LAYOUTS, "desync") if desync else LAYOUTS:
+    for layout in (*LAYOUTS, *desync_layouts):
         sweep = by_layout.get(layout)
-        # the three layouts' sweeps ran whole; the desync arm's is in progress: no rate of it is chosen until its row is
-        chosen = sweep is not None and (layout != "desync" or set(rates) <= set(sweep.losses))
-        best = sweep.choice.best if chosen and sweep.choice else None
+        best = sweep.choice.best if sweep is not None and sweep.bracketed else None
         cells = []
         for lr in rates:
             if sweep is None or lr not in sweep.losses:
@@ -59,23 +80,22 @@ def study_lr_sweep(root: Path) -> str:
             else:
                 value = f"{sweep.losses[lr]:.4f}"
                 cells.append(f"**{value}**" if lr == best else value)
-        rows.append(["desync-2 (t = 2)" if layout == "desync" else layout, *cells])
+        name = f"{layout} (t = {sweep.config.model.desync_tp})" if layout in desync_layouts else layout
+        rows.append([name, *cells])
     horizon = {sweep.horizon_step for sweep in by_layout.values()}
-    also = f" and the {len(desync)} in `{STUDY_LR_DESYNC}` (no rate chosen before its row is whole)" if desync else ""
+    also = f" and the {len(desync)} in `{STUDY_LR_DESYNC}`" if desync else ""
     return (
         markdown_table(["layout \\ peak lr", *(f"{lr:g}" for lr in rates)], rows)
         + f"\n\nValidation loss in nats/byte at step {', '.join(map(str, sorted(horizon)))}, one seed each; "
-        f"from the {len(folders)} runs in `{STUDY_LR}`{also}.\n"
+        f"from the {len(sweep_runs)} runs in `{STUDY_LR}`{also}. Bold: the layout's best rate, where a worse rate was "
+        "tried on each side of it.\n"
     )
 
 
 def study_seeds(root: Path) -> str:
     """The layout study's seeds: per metric and group mean ± sd and the paired difference to standard with its 95 %
     interval, read against the study's resolution of 0.01 nats per byte (``report.study.comparison_section``)."""
-    folders = sorted(p.parent for p in (root / STUDY_SEEDS).glob("*/metrics.jsonl"))
-    if not folders:
-        raise FileNotFoundError(2, "no finished run", str(root / STUDY_SEEDS))
-    runs = [read_run(p) for p in folders]
+    runs = _study_runs(root, STUDY_SEEDS)
     groups = group_runs(runs)
     baseline = default_baseline(groups)
     speeds = sorted(train_tokens_per_s(run) for run in runs)
@@ -83,7 +103,7 @@ def study_seeds(root: Path) -> str:
     seeds = "; ".join(f"{group.label}: {', '.join(map(str, sorted(group.seeds)))}" for group in groups)
     return (
         "\n".join(lines)
-        + f"\n\n{len(folders)} of the study's {STUDY_SEED_RUNS} seed runs finished (seeds per group: {seeds}); "
+        + f"\n\n{len(runs)} of the study's {STUDY_SEED_RUNS} seed runs finished (seeds per group: {seeds}); "
         f"from `{STUDY_SEEDS}`. A difference needs two paired seeds for an interval. Training speed (each run's "
         f"median logged tokens/s; the median run, then the slowest–fastest): {statistics.median(speeds):,.0f} "
         f"({speeds[0]:,.0f}–{speeds[-1]:,.0f}); the 2-core VM was shared with other work during part of some runs.\n"
@@ -93,10 +113,7 @@ def study_seeds(root: Path) -> str:
 def study_paper_gap(root: Path) -> str:
     """The paper's ladder − standard Wikitext gap in the study's unit, nats per byte (through the bytes per word of
     the study's own ``wikitext2_local`` evaluations), beside what the study's pairs can detect at their measured sd."""
-    folders = sorted(p.parent for p in (root / STUDY_SEEDS).glob("*/metrics.jsonl"))
-    if not folders:
-        raise FileNotFoundError(2, "no finished run", str(root / STUDY_SEEDS))
-    groups = group_runs([read_run(p) for p in folders])
+    groups = group_runs(_study_runs(root, STUDY_SEEDS))
     baseline = default_baseline(groups)
     wikitext = baseline.runs[0].eval_summary["wikitext2_local"]
     # ln(word perplexity) / ln(byte perplexity) = (loss / words) / (loss / bytes) = bytes per word of the text
@@ -160,14 +177,10 @@ def study_unigram(root: Path) -> str:
 def study_horizon(root: Path) -> str:
     """The learning-rate check at the horizon: full-length seed-0 runs at another rate than the sweep chose (on a
     quarter of the tokens), each beside the seed-0 run of its layout at the chosen rate."""
-    folders = sorted(p.parent for p in (root / STUDY_HORIZON).glob("*/metrics.jsonl"))
-    if not folders:
-        raise FileNotFoundError(2, "no finished run", str(root / STUDY_HORIZON))
-    seeds = [read_run(p.parent) for p in sorted((root / STUDY_SEEDS).glob("*/metrics.jsonl"))]
-    chosen = {(run.residual, run.config.model.n_layers): run for run in seeds if run.seed == 0}
+    chosen = _seed_runs(root)
     rows = []
-    for run in map(read_run, folders):
-        base = chosen[(run.residual, run.config.model.n_layers)]
+    for run in _study_runs(root, STUDY_HORIZON):
+        base = chosen[(run.residual, 0, run.config.model.n_layers)]
         other, at_chosen = final_val_loss(run), final_val_loss(base)
         rows.append(
             [
@@ -191,29 +204,31 @@ def study_horizon(root: Path) -> str:
 def study_ladder_rate(root: Path) -> str:
     """The ladder at 4e-3 seed by seed (seed 0 is the horizon run), beside its 8e-3 run and standard's 8e-3 run of
     the same seed, with the paired differences to standard; their mean once two seeds are in."""
-    at_4e3 = [read_run(p.parent) for p in sorted((root / STUDY_HORIZON).glob("*/metrics.jsonl"))]
+    at_4e3 = _study_runs(root, STUDY_HORIZON) + _study_runs(root, STUDY_LADDER_4E3, required=False)
     at_4e3 = [run for run in at_4e3 if run.residual == "ladder" and run.config.train.optimizer.lr == 4e-3]
-    at_4e3 += [read_run(p.parent) for p in sorted((root / STUDY_LADDER_4E3).glob("*/metrics.jsonl"))]
-    seeds = [read_run(p.parent) for p in sorted((root / STUDY_SEEDS).glob("*/metrics.jsonl"))]
-    at_8e3 = {(r.residual, r.seed, r.config.model.n_layers): r for r in seeds}  # the controls differ in depth
-    rows, new_gaps, old_gaps = [], [], []
+    at_8e3 = _seed_runs(root)
+    rows, news, olds, bases = [], [], [], []
     for run in sorted(at_4e3, key=lambda r: r.seed):
         depth = run.config.model.n_layers
         ladder8, standard8 = at_8e3[("ladder", run.seed, depth)], at_8e3[("standard", run.seed, depth)]
         new, old, base = final_val_loss(run), final_val_loss(ladder8), final_val_loss(standard8)
-        new_gaps.append(new - base)
-        old_gaps.append(old - base)
+        news, olds, bases = [*news, new], [*olds, old], [*bases, base]
         rows.append(
             [str(run.seed), f"{old:.4f}", f"{new:.4f}", f"{base:.4f}", f"{old - base:+.4f}", f"{new - base:+.4f}"]
         )
-    if len(rows) > 1:
-        rows.append(["mean", "", "", "", f"{statistics.mean(old_gaps):+.4f}", f"{statistics.mean(new_gaps):+.4f}"])
+    pairs = len(rows)
+    if pairs > 1:
+        old_gap, new_gap = paired_difference(olds, bases), paired_difference(news, bases)
+        rows.append(["mean", "", "", "", f"{old_gap.mean:+.4f}", f"{new_gap.mean:+.4f}"])
+    if pairs > 2:
+        interval = "[{:+.4f}, {:+.4f}]"
+        rows.append(["95 % t interval", "", "", "", *(interval.format(d.low, d.high) for d in (old_gap, new_gap))])
     header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
     return (
         markdown_table(header, rows)
         + f"\n\nValidation loss (nats/byte) at step 2,200, one run per cell; the ladder at 4e-3 from `{STUDY_HORIZON}` "
-        f"(seed 0) and `{STUDY_LADDER_4E3}`, the 8e-3 runs from `{STUDY_SEEDS}`. {len(rows) - (len(rows) > 1)} pair(s): "
-        "no interval before three.\n"
+        f"(seed 0) and `{STUDY_LADDER_4E3}`, the 8e-3 runs from `{STUDY_SEEDS}`; {pairs} pair(s) by seed"
+        + (": no interval before three.\n" if pairs < 3 else " (paired t, as the seeds table).\n")
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
+from ..option_errors import layout_name
 from ..plots import new_figure, save_figure
 from ..study import Group, compare_groups
 from .tables import markdown_table
@@ -29,13 +30,6 @@ class LayoutPoint:
     interval: tuple[float, float] | None  # its 95 % t interval (None for the baseline or a single pair)
     all_reduces_per_layer: float
     overlapped: bool  # the ladder's all-reduces run behind the next module
-
-
-def layout_name(model) -> str:
-    """The name ladder-bench and ladder-predict give the layout of a run's ``model`` config."""
-    if model.residual == "desync":
-        return f"desync-{model.desync_reduce_every}" if model.desync_pattern is None else "desync (pattern)"
-    return model.residual
 
 
 def all_reduces_per_layer(model) -> float:

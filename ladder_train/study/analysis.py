@@ -42,11 +42,18 @@ class Sweep:
     losses: dict[float, float]
     choice: RateChoice | None  # None while fewer than two rates have reached the horizon
     unfinished: dict[float, int]  # rates whose runs have not reached the horizon yet: their last validated step
+    config: object  # a run's config: what the sweep holds fixed beside the rate
+
+    @property
+    def bracketed(self) -> bool:
+        """Whether the best rate has a worse rate tried on each side of it (else the optimum may lie outside)."""
+        return self.choice is not None and not self.choice.at_edge
 
 
-def sweeps(groups: list[Group]) -> list[Sweep]:
-    """Groups that differ only in the learning rate, each with its best rate. The horizon is the last validation
-    step the sweep's runs reach; a rate whose runs stop short of it (still running) is listed, not chosen."""
+def sweeps(groups: list[Group], min_rates: int = 2) -> list[Sweep]:
+    """Groups that differ only in the learning rate, at least ``min_rates`` of them (1: a probe of one rate counts),
+    each with its best rate. The horizon is the last validation step the sweep's runs reach; a rate whose runs stop
+    short of it (still running) is listed, not chosen."""
     families: dict[tuple, list[Group]] = {}
     for group in groups:
         flat = flat_config(group.runs[0].config)
@@ -55,7 +62,7 @@ def sweeps(groups: list[Group]) -> list[Sweep]:
     swept = {}
     for key, family in families.items():
         rates = {group.runs[0].config.train.optimizer.lr: group for group in family}
-        if len(rates) >= 2 and all(run.val for group in family for run in group.runs):
+        if len(rates) >= min_rates and all(run.val for group in family for run in group.runs):
             swept[key] = rates
     found = []
     for key, rates in swept.items():
@@ -69,7 +76,8 @@ def sweeps(groups: list[Group]) -> list[Sweep]:
                 unfinished[lr] = max(run.val[-1]["step"] for run in group.runs)
         label = dict(key)["model.residual"] + _family_suffix(key, list(swept))
         choice = best_rate(losses) if len(losses) >= 2 else None
-        found.append(Sweep(label, horizon, losses, choice, unfinished))
+        config = next(iter(rates.values())).runs[0].config
+        found.append(Sweep(label, horizon, losses, choice, unfinished, config))
     return found
 
 
