@@ -26,6 +26,7 @@ LINK_SWEEP = "docs/results/tp_link_sweep/cpu.jsonl"  # docs/benchmarks.md, the l
 OVERLAP_CHECKS = "docs/results/tp_overlap/cpu.jsonl"  # docs/benchmarks.md, the two overlap checks
 TP_COMPILED = "docs/results/tp_compiled/cpu.jsonl"  # docs/benchmarks.md, the compiled path on the CPU
 PREDICT_CPU = "docs/results/predict_cpu"  # one `ladder-predict validate --out-dir` folder per invocation
+PREDICT_CPU_DESYNC = "docs/results/predict_cpu_desync"  # the same with --layouts standard,ladder,desync-2,desync-4
 
 
 def _percent(key: str) -> Callable[[dict, dict], float | None]:
@@ -183,31 +184,36 @@ SUMMARY_ERRORS = (
 )
 
 
-def predict_cpu(root: Path) -> str:
-    """docs/benchmarks.md's predictor on this CPU: each `ladder-predict validate` folder's ladder-bench rows
-    predicted with the profile it calibrated, per case the medians over the folders."""
-    folders = sorted(p.parent for p in (root / PREDICT_CPU).glob("*/bench.jsonl"))
-    merged: dict[tuple, list[dict]] = {}
-    summaries = []
-    for folder in folders:
-        profile = load_profiles(folder / "cpu.yaml")["cpu"]
-        results, summary = compare_with_bench(bench_rows(folder / "bench.jsonl"), profile)
-        summaries.append(summary)
-        for r in results:
-            merged.setdefault((r["shape"], r["layout"], r["batch"], r["x_ms"]), []).append(r)
-    body = [_predicted_line(key, [(r, None) for r in found]) for key, found in merged.items()]
-    summary_pairs = [(s, None) for s in summaries]
-    errors = ", ".join(
-        f"{name} {cell(summary_pairs, lambda s, _, k=key: 100 * s[k], '.1f', ' %')}" for name, key in SUMMARY_ERRORS
-    )
-    rows = [row for folder in folders for row in read_bench(folder / "bench.jsonl")]
-    return (
-        markdown_table(PREDICT_HEADER, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted "
-        f"with the `cpu` profile it calibrated (`{PREDICT_CPU}/*/cpu.yaml`); medians over {len(folders)} folders "
-        "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
-        + runs_note(rows, PREDICT_CPU)
-        + "\n"
-    )
+def predict_cpu(relative: str) -> Callable[[Path], str]:
+    """docs/benchmarks.md's predictor on this CPU: each `ladder-predict validate` folder under ``relative`` has its
+    ladder-bench rows predicted with the profile it calibrated; per case the medians over the folders."""
+
+    def make(root: Path) -> str:
+        folders = sorted(p.parent for p in (root / relative).glob("*/bench.jsonl"))
+        merged: dict[tuple, list[dict]] = {}
+        summaries = []
+        for folder in folders:
+            profile = load_profiles(folder / "cpu.yaml")["cpu"]
+            results, summary = compare_with_bench(bench_rows(folder / "bench.jsonl"), profile)
+            summaries.append(summary)
+            for r in results:
+                merged.setdefault((r["shape"], r["layout"], r["batch"], r["x_ms"]), []).append(r)
+        body = [_predicted_line(key, [(r, None) for r in found]) for key, found in merged.items()]
+        summary_pairs = [(s, None) for s in summaries]
+        errors = ", ".join(
+            f"{name} {cell(summary_pairs, lambda s, _, k=key: 100 * s[k], '.1f', ' %')}" for name, key in SUMMARY_ERRORS
+        )
+        rows = [row for folder in folders for row in read_bench(folder / "bench.jsonl")]
+        return (
+            markdown_table(PREDICT_HEADER, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted "
+            f"with the `cpu` profile it calibrated (`{relative}/*/cpu.yaml`); medians over {len(folders)} folder{'s' * (len(folders) != 1)} "
+            "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
+            + runs_note(rows, relative)
+            + "\n"
+        )
+
+    make.__doc__ = predict_cpu.__doc__
+    return make
 
 
 def _predicted_line(key: tuple, pairs: list[tuple[dict, None]]) -> list[str]:
@@ -277,6 +283,7 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "tp-generation": _from_file(TP_GENERATION, tp_generation),
     "tp-link-sweep": _from_file(LINK_SWEEP, link_sweep_table),
     "tp-overlap-checks": _from_file(OVERLAP_CHECKS, overlap_checks),
-    "predict-cpu": predict_cpu,
+    "predict-cpu": predict_cpu(PREDICT_CPU),
+    "predict-cpu-desync": predict_cpu(PREDICT_CPU_DESYNC),
     "tp-compiled": _from_file(TP_COMPILED, tp_compiled),
 }
