@@ -38,116 +38,111 @@ def _tokens(row: dict) -> str:
     return f"{row['tokens_per_s_median']:,.0f} ({low:,.0f}–{high:,.0f})"
 
 
-def training(path: str) -> Callable[[Path], str]:
-    """Training rows (kind train and big): tokens/s, MFU and peak memory against the ``--dry-run`` plan."""
+def _table(path: str, kinds: tuple[str, ...], header: list[str], line, note) -> Callable[[Path], str]:
+    """The table of ``path``'s rows of ``kinds`` that did not fail: ``line(row, all_rows)`` each, then
+    ``note(all_rows)`` and the card, driver, torch, date and commands of those rows."""
 
     def make(root: Path) -> str:
-        rows = [r for r in read_rows(root / path) if r["kind"] in ("train", "big") and not r.get("error")]
-        body = []
-        for r in rows:
-            error = r.get("plan_rel_error")
-            body.append(
-                [
-                    _model(r["recipe"]),
-                    r["layout"],
-                    str(r["micro_batch"]),
-                    r.get("plan_accumulation") or "-",
-                    "compiled" if r["compiled"] else "eager",
-                    f"{r['measured_steps'][0]}–{r['measured_steps'][1]}",
-                    _tokens(r),
-                    f"{100 * r['mfu_median']:.1f} %",
-                    f"{r['peak_mem_gib']:.2f}",
-                    f"{r['plan_total_gib']:.2f}",
-                    "-" if error is None else f"{100 * error:+.1f} %",
-                ]
-            )
-        header = ["model", "layout", "micro-batch", "gradients", "mode", "steps", "tokens/s median (range)", "MFU"]
-        header += ["peak GiB", "plan GiB", "plan − peak"]
-        note = (
-            f"One run per row, global batch as gpu_check sets it (16 sequences of 2048 at 1.2B, 4 at 3.5B); MFU against "
-            f"the card's dense bf16 peak. {_env_line(rows, path)}"
-        )
-        return markdown_table(header, body) + "\n\n" + note + "\n"
+        all_rows = read_rows(root / path)
+        rows = [r for r in all_rows if r["kind"] in kinds and not r.get("error")]
+        body = [line(r, all_rows) for r in rows]
+        return markdown_table(header, body) + "\n\n" + note(all_rows) + _env_line(rows, path) + "\n"
 
     return make
+
+
+def _training_line(r: dict, _) -> list[str]:
+    error = r.get("plan_rel_error")
+    return [
+        _model(r["recipe"]),
+        r["layout"],
+        str(r["micro_batch"]),
+        r.get("plan_accumulation") or "-",
+        "compiled" if r["compiled"] else "eager",
+        f"{r['measured_steps'][0]}–{r['measured_steps'][1]}",
+        _tokens(r),
+        f"{100 * r['mfu_median']:.1f} %",
+        f"{r['peak_mem_gib']:.2f}",
+        f"{r['plan_total_gib']:.2f}",
+        "-" if error is None else f"{100 * error:+.1f} %",
+    ]
+
+
+def training(path: str) -> Callable[[Path], str]:
+    """Training rows (kind train and big): tokens/s, MFU and peak memory against the ``--dry-run`` plan."""
+    header = ["model", "layout", "micro-batch", "gradients", "mode", "steps", "tokens/s median (range)", "MFU"]
+    header += ["peak GiB", "plan GiB", "plan − peak"]
+    note = (
+        "One run per row, global batch as gpu_check sets it (16 sequences of 2048 at 1.2B, 4 at 3.5B); MFU against "
+        "the card's dense bf16 peak. "
+    )
+    return _table(path, ("train", "big"), header, _training_line, lambda _: note)
+
+
+def _profile_line(r: dict, _) -> list[str]:
+    return [
+        r["layout"],
+        str(r["micro_batch"]),
+        str(r["steps_traced"]),
+        f"{100 * r['busy_share']:.1f} %",
+        f"{r['host_step_ms']:,.0f}",
+        f"{r['kernels_per_step']:,.0f}",
+        f"{r['copies_per_step']:,.0f}",
+        f"{r['memsets_per_step']:,.0f}",
+        f"{r['runtime_calls_per_step']:,.0f}",
+    ]
 
 
 def profiled(path: str) -> Callable[[Path], str]:
     """Profiled rows: the GPU's busy share of the traced steps and the work per optimizer step."""
+    header = ["layout", "micro-batch", "steps traced", "GPU busy", "host ms a step", "kernels a step"]
+    header += ["copies a step", "memsets a step", "CUDA runtime + driver calls a step"]
+    note = (
+        "1.2B, compiled, global batch 16; busy = the union of kernel, copy and memset intervals over the traced span "
+        "(torch.profiler, which slows the host). "
+    )
+    return _table(path, ("profile",), header, _profile_line, lambda _: note)
 
-    def make(root: Path) -> str:
-        rows = [r for r in read_rows(root / path) if r["kind"] == "profile" and not r.get("error")]
-        body = [
-            [
-                r["layout"],
-                str(r["micro_batch"]),
-                str(r["steps_traced"]),
-                f"{100 * r['busy_share']:.1f} %",
-                f"{r['host_step_ms']:,.0f}",
-                f"{r['kernels_per_step']:,.0f}",
-                f"{r['copies_per_step']:,.0f}",
-                f"{r['memsets_per_step']:,.0f}",
-                f"{r['runtime_calls_per_step']:,.0f}",
-            ]
-            for r in rows
-        ]
-        header = ["layout", "micro-batch", "steps traced", "GPU busy", "host ms a step", "kernels a step"]
-        header += ["copies a step", "memsets a step", "CUDA runtime + driver calls a step"]
-        note = (
-            "1.2B, compiled, global batch 16; busy = the union of kernel, copy and memset intervals over the traced span "
-            f"(torch.profiler, which slows the host). {_env_line(rows, path)}"
+
+def _ceilings(all_rows: list[dict]) -> dict | None:
+    return next((r for r in all_rows if r["kind"] == "ceilings"), None)
+
+
+def _decode_line(r: dict, all_rows: list[dict]) -> list[str]:
+    ceilings = _ceilings(all_rows)
+    copy = ceilings["copy_tb_s_median"] * 1e3 if ceilings else None
+    return [
+        r["model"],
+        r["layout"],
+        {True: "on", False: "off"}.get(r.get("gemv_tuning"), "off (not yet a setting)"),
+        str(r["n_layers"]),
+        str(r["batch"]),
+        f"{r['prompt_len']} + {r['gen_len']}",
+        f"{r['tpot_ms']:.3f} ± {r['tpot_sd_ms']:.3f}",
+        f"{r['weight_bytes'] / 1e6:,.0f}",
+        f"{r['bandwidth_gb_s']:,.0f}",
+        "-" if copy is None else f"{100 * r['bandwidth_gb_s'] / copy:.0f} % of {copy:,.0f}",
+    ]
+
+
+def _decode_note(all_rows: list[dict]) -> str:
+    note = "TP 1, bf16, compiled with CUDA graphs; bandwidth = parameters × 2 B / TPOT (the KV cache not counted). "
+    c = _ceilings(all_rows)
+    if c:
+        note += (
+            f"Copy rate (`benchmarks/gpu_ceilings.py`): a {c['copy']['bytes_read_plus_written'] / 2**31:g} GiB "
+            f"device-to-device copy, bytes read plus written, median of {c['copy']['repeats']}; the same card's "
+            f"{c['matmul']['n']}³ bf16 matrix product ran at {c['matmul_tflops_median']:.0f} TFLOP/s "
+            f"(median of {c['matmul']['repeats']}). "
         )
-        return markdown_table(header, body) + "\n\n" + note + "\n"
-
-    return make
+    return note
 
 
 def decoding(path: str) -> Callable[[Path], str]:
     """Decode rows: TPOT and the weights' read bandwidth, with its share of the card's measured copy rate."""
-
-    def make(root: Path) -> str:
-        all_rows = read_rows(root / path)
-        rows = [r for r in all_rows if r["kind"] == "decode" and not r.get("error")]
-        ceilings = [r for r in all_rows if r["kind"] == "ceilings"]
-        copy = ceilings[0]["copy_tb_s_median"] * 1e3 if ceilings else None
-        body = [
-            [
-                r["model"],
-                r["layout"],
-                {True: "on", False: "off"}.get(r.get("gemv_tuning"), "off (not yet a setting)"),
-                str(r["n_layers"]),
-                str(r["batch"]),
-                f"{r['prompt_len']} + {r['gen_len']}",
-                f"{r['tpot_ms']:.3f} ± {r['tpot_sd_ms']:.3f}",
-                f"{r['weight_bytes'] / 1e6:,.0f}",
-                f"{r['bandwidth_gb_s']:,.0f}",
-                "-" if copy is None else f"{100 * r['bandwidth_gb_s'] / copy:.0f} % of {copy:,.0f}",
-            ]
-            for r in rows
-        ]
-        header = [
-            "model",
-            "layout",
-            "GEMV tuning",
-            "layers",
-            "batch",
-            "prompt + new",
-            "TPOT ms (sd over runs)",
-            "weights MB",
-        ]
-        header += ["weights read GB/s", "of the copy rate (GB/s)"]
-        note = "TP 1, bf16, compiled with CUDA graphs; bandwidth = parameters × 2 B / TPOT (the KV cache not counted). "
-        if ceilings:
-            c = ceilings[0]
-            note += (
-                f"Copy rate (`benchmarks/gpu_ceilings.py`): a {c['copy']['bytes_read_plus_written'] / 2**31:g} GiB "
-                f"device-to-device copy, bytes read plus written, median of {c['copy']['repeats']}; the same card's "
-                f"{c['matmul']['n']}³ bf16 matrix product ran at {c['matmul_tflops_median']:.0f} TFLOP/s "
-                f"(median of {c['matmul']['repeats']}). "
-            )
-        return markdown_table(header, body) + "\n\n" + note + _env_line(rows, path) + "\n"
-
-    return make
+    header = ["model", "layout", "GEMV tuning", "layers", "batch", "prompt + new", "TPOT ms (sd over runs)"]
+    header += ["weights MB", "weights read GB/s", "of the copy rate (GB/s)"]
+    return _table(path, ("decode",), header, _decode_line, _decode_note)
 
 
 TABLES: dict[str, Callable[[Path], str]] = {
