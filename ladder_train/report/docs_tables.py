@@ -203,7 +203,7 @@ def study_horizon(root: Path) -> str:
 
 def study_ladder_rate(root: Path) -> str:
     """The ladder at 4e-3 seed by seed (seed 0 is the horizon run), beside its 8e-3 run and standard's 8e-3 run of
-    the same seed, with the paired differences to standard; their mean once two seeds are in."""
+    the same seed, with the paired differences to standard; their mean from two seeds, their t interval from three."""
     at_4e3 = _study_runs(root, STUDY_HORIZON) + _study_runs(root, STUDY_LADDER_4E3, required=False)
     at_4e3 = [run for run in at_4e3 if run.residual == "ladder" and run.config.train.optimizer.lr == 4e-3]
     at_8e3 = _seed_runs(root)
