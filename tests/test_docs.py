@@ -60,7 +60,8 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     import pytest
     from fabricate import fabricate_run
 
-    from ladder_train.report.docs_tables import STUDY_SEED_RUNS, STUDY_SEEDS, MissingData, make_table
+    from ladder_train.report.doc_study_tables import STUDY_SEED_RUNS, STUDY_SEEDS
+    from ladder_train.report.docs_tables import MissingData, make_table
 
     with pytest.raises(MissingData, match="table study-seeds: .*study_small/seeds"):
         make_table("study-seeds", tmp_path)
@@ -107,7 +108,8 @@ def test_the_retrained_smollm2_table_reads_its_own_folder(tmp_path):
 def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen_rate(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.docs_tables import STUDY_HORIZON, STUDY_SEEDS, make_table
+    from ladder_train.report.doc_study_tables import STUDY_HORIZON, STUDY_SEEDS
+    from ladder_train.report.docs_tables import make_table
 
     seeds, horizon = tmp_path / STUDY_SEEDS, tmp_path / STUDY_HORIZON
     seeds.mkdir(parents=True)
@@ -125,7 +127,8 @@ def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen
 def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_differences(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.docs_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS, make_table
+    from ladder_train.report.doc_study_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS
+    from ladder_train.report.docs_tables import make_table
 
     for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
         (tmp_path / folder).mkdir(parents=True)
@@ -151,7 +154,8 @@ def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_d
 def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.docs_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS, make_table
+    from ladder_train.report.doc_study_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS
+    from ladder_train.report.docs_tables import make_table
 
     for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
         (tmp_path / folder).mkdir(parents=True)
@@ -175,7 +179,8 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
 def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_bracketed_best(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.docs_tables import STUDY_LR, STUDY_LR_DESYNC, make_table
+    from ladder_train.report.doc_study_tables import STUDY_LR, STUDY_LR_DESYNC
+    from ladder_train.report.docs_tables import make_table
 
     for folder in (STUDY_LR, STUDY_LR_DESYNC):
         (tmp_path / folder).mkdir(parents=True)

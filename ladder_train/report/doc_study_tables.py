@@ -1,0 +1,231 @@
+"""The layout study's docs tables (docs/results.md), made from the runs collected under
+``docs/results/study_small/`` (registered in ``docs_tables.TABLES``): the learning-rate sweep, the seeds with their
+paired intervals, the paper's gap against the design's power, the unigram baseline, the horizon check and the
+ladder's seeds at 4e-3."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from ..option_errors import desync_every, layout_name
+from ..paper import PRETRAINING
+from ..study import (
+    compare_groups,
+    default_baseline,
+    final_val_loss,
+    group_runs,
+    paired_difference,
+    pairs_for_power,
+    power,
+    sweeps,
+)
+from .runs import read_run, train_tokens_per_s
+from .study import comparison_section
+from .tables import markdown_table
+
+STUDY_LR = Path("docs/results/study_small/lr")
+STUDY_LR_DESYNC = Path("docs/results/study_small/lr_desync")  # desync-2 (t = 2), issue 43's arm
+STUDY_SEEDS = Path("docs/results/study_small/seeds")
+STUDY_HORIZON = Path("docs/results/study_small/horizon")
+STUDY_LADDER_4E3 = Path("docs/results/study_small/ladder_4e-3")  # the ladder's seeds >= 1 at 4e-3 (seed 0: horizon)
+STUDY_UNIGRAM = Path("docs/results/study_small/unigram.json")
+# 3 seeds x (standard, parallel, ladder, the 6- and 4-layer standard controls), as docs/results.md plans
+STUDY_SEED_RUNS = 15
+LAYOUTS = ("standard", "parallel", "ladder")
+
+
+def _study_runs(root: Path, folder: Path, required: bool = True) -> list:
+    """The finished runs collected under a study folder, in name order (none: an error when ``required``)."""
+    runs = [read_run(p.parent) for p in sorted((root / folder).glob("*/metrics.jsonl"))]
+    if required and not runs:
+        raise FileNotFoundError(2, "no finished run", str(root / folder))
+    return runs
+
+
+def _seed_runs(root: Path) -> dict[tuple, object]:
+    """The seeds table's runs (each layout at its chosen rate) by residual, seed and depth (the controls')."""
+    return {(r.residual, r.seed, r.config.model.n_layers): r for r in _study_runs(root, STUDY_SEEDS)}
+
+
+def study_lr_sweep(root: Path) -> str:
+    """The layout study's learning-rate sweep: validation loss at the sweep's horizon per layout and rate, a
+    layout's best rate in bold once worse rates bracket it; a layout or rate without a finished run says so."""
+    sweep_runs, desync = _study_runs(root, STUDY_LR), _study_runs(root, STUDY_LR_DESYNC, required=False)
+    by_layout = {layout_name(s.config.model): s for s in sweeps(group_runs(sweep_runs + desync), min_rates=1)}
+    rates = sorted({lr for sweep in by_layout.values() for lr in sweep.losses})
+    desync_layouts = sorted((name for name in by_layout if desync_every(name)), key=desync_every)
+    rows = []
+    for layout in (*LAYOUTS, *desync_layouts):
+        sweep = by_layout.get(layout)
+        best = sweep.choice.best if sweep is not None and sweep.bracketed else None
+        cells = []
+        for lr in rates:
+            if sweep is None or lr not in sweep.losses:
+                cells.append("not yet")
+            else:
+                value = f"{sweep.losses[lr]:.4f}"
+                cells.append(f"**{value}**" if lr == best else value)
+        name = f"{layout} (t = {sweep.config.model.desync_tp})" if layout in desync_layouts else layout
+        rows.append([name, *cells])
+    horizon = {sweep.horizon_step for sweep in by_layout.values()}
+    also = f" and the {len(desync)} in `{STUDY_LR_DESYNC}`" if desync else ""
+    return (
+        markdown_table(["layout \\ peak lr", *(f"{lr:g}" for lr in rates)], rows)
+        + f"\n\nValidation loss in nats/byte at step {', '.join(map(str, sorted(horizon)))}, one seed each; "
+        f"from the {len(sweep_runs)} runs in `{STUDY_LR}`{also}. Bold: the layout's best rate, where a worse rate was "
+        "tried on each side of it.\n"
+    )
+
+
+def study_seeds(root: Path) -> str:
+    """The layout study's seeds: per metric and group mean ± sd and the paired difference to standard with its 95 %
+    interval, read against the study's resolution of 0.01 nats per byte (``report.study.comparison_section``)."""
+    runs = _study_runs(root, STUDY_SEEDS)
+    groups = group_runs(runs)
+    baseline = default_baseline(groups)
+    speeds = sorted(train_tokens_per_s(run) for run in runs)
+    lines = comparison_section(groups, baseline, resolution=0.01)
+    seeds = "; ".join(f"{group.label}: {', '.join(map(str, sorted(group.seeds)))}" for group in groups)
+    return (
+        "\n".join(lines)
+        + f"\n\n{len(runs)} of the study's {STUDY_SEED_RUNS} seed runs finished (seeds per group: {seeds}); "
+        f"from `{STUDY_SEEDS}`. A difference needs two paired seeds for an interval. Training speed (each run's "
+        f"median logged tokens/s; the median run, then the slowest–fastest): {statistics.median(speeds):,.0f} "
+        f"({speeds[0]:,.0f}–{speeds[-1]:,.0f}); the 2-core VM was shared with other work during part of some runs.\n"
+    )
+
+
+def study_paper_gap(root: Path) -> str:
+    """The paper's ladder − standard Wikitext gap in the study's unit, nats per byte (through the bytes per word of
+    the study's own ``wikitext2_local`` evaluations), beside what the study's pairs can detect at their measured sd."""
+    groups = group_runs(_study_runs(root, STUDY_SEEDS))
+    baseline = default_baseline(groups)
+    wikitext = baseline.runs[0].eval_summary["wikitext2_local"]
+    # ln(word perplexity) / ln(byte perplexity) = (loss / words) / (loss / bytes) = bytes per word of the text
+    bytes_per_word = math.log(wikitext["word_perplexity"]) / math.log(wikitext["byte_perplexity"])
+    loss = [row for row in compare_groups(groups, baseline) if row.metric.name.startswith("validation loss")]
+    tested = [row.difference for row in loss if row.difference is not None]
+    ladder = next(row.difference for row in loss if row.group.label.startswith("ladder"))
+    pooled = math.sqrt(statistics.fmean(d.sd**2 for d in tested))
+    n = ladder.n
+    paper = {(row.size, row.residual): row.wikitext_ppl for row in PRETRAINING}
+    gaps = [
+        (f"paper {size}: ladder − standard", math.log(paper[size, "ladder"] / paper[size, "standard"]))
+        for size in ("1.2B", "3.5B")
+    ]
+    rows = []
+    for name, per_word in gaps:
+        rows.append(_gap_row(name, f"{per_word:+.4f}", per_word / bytes_per_word, n, ladder.sd, pooled))
+    for effect in (0.01, 0.02, 0.05):
+        rows.append(_gap_row(f"a difference of {effect:g} nats/byte", "—", effect, n, ladder.sd, pooled))
+    header = [
+        "difference",
+        "nats per WikiText word",
+        "nats per byte",
+        f"power of {n} pairs (sd {ladder.sd:.4f})",
+        f"pairs for 80 % (sd {ladder.sd:.4f})",
+        f"pairs for 80 % (sd {pooled:.4f})",
+    ]
+    return (
+        markdown_table(header, rows)
+        + f"\n\nBytes per word {bytes_per_word:.2f}: ln(word perplexity) / ln(byte perplexity) of `wikitext2_local` in "
+        f"the baseline's seed-{baseline.runs[0].seed} run. The paper's Wikitext perplexities are its Table 3 "
+        f"(`ladder_train/paper.py`). Pair sd: the ladder − standard validation-loss pairs' ({ladder.sd:.4f}) and the "
+        f"pooled sd of the {len(tested)} comparisons with the baseline ({pooled:.4f}), over the seeds in "
+        f"`{STUDY_SEEDS}`. Power: two-sided paired t test at 95 % (noncentral t).\n"
+    )
+
+
+def _gap_row(name: str, per_word: str, per_byte: float, n: int, sd: float, pooled: float) -> list[str]:
+    needed = [pairs_for_power(abs(per_byte), s) for s in (sd, pooled)]
+    return [
+        name,
+        per_word,
+        f"{per_byte:+.4f}",
+        f"{power(abs(per_byte), sd, n):.0%}",
+        *("more than 10,000" if k is None else f"{k:,}" for k in needed),
+    ]
+
+
+def study_unigram(root: Path) -> str:
+    """The study's floor: a unigram model of the training bytes on the runs' validation bytes
+    (``benchmarks/unigram_baseline.py``)."""
+    data = json.loads((root / STUDY_UNIGRAM).read_text())
+    return (
+        f"For scale, a unigram model of the training bytes scores {data['nats_per_byte']:.3f} nats per byte on the "
+        f"same {data['val_tokens']:,} validation bytes the runs score ({data['smoothing']} of "
+        f"{data['vocab_size']} tokens, counted over {data['train_tokens']:,} training labels; `{STUDY_UNIGRAM}`, "
+        f"written {data['date'][:10]} by `{data['command']}`).\n"
+    )
+
+
+def study_horizon(root: Path) -> str:
+    """The learning-rate check at the horizon: full-length seed-0 runs at another rate than the sweep chose (on a
+    quarter of the tokens), each beside the seed-0 run of its layout at the chosen rate."""
+    chosen = _seed_runs(root)
+    rows = []
+    for run in _study_runs(root, STUDY_HORIZON):
+        base = chosen[(run.residual, 0, run.config.model.n_layers)]
+        other, at_chosen = final_val_loss(run), final_val_loss(base)
+        rows.append(
+            [
+                run.residual,
+                f"{base.config.train.optimizer.lr:g}",
+                f"{at_chosen:.4f}",
+                f"{run.config.train.optimizer.lr:g}",
+                f"{other:.4f}",
+                f"{other - at_chosen:+.4f}",
+            ]
+        )
+    header = ["layout", "chosen lr", "val loss, chosen lr", "other lr", "val loss, other lr", "other − chosen"]
+    return (
+        markdown_table(header, rows)
+        + f"\n\nValidation loss (nats/byte) at step 2,200, seed 0, one run per cell; from `{STUDY_HORIZON}` and "
+        f"`{STUDY_SEEDS}`. One seed: a difference inside the seeds' pair-to-pair sd (about 0.017) does not show "
+        "that either rate is better.\n"
+    )
+
+
+def study_ladder_rate(root: Path) -> str:
+    """The ladder at 4e-3 seed by seed (seed 0 is the horizon run), beside its 8e-3 run and standard's 8e-3 run of
+    the same seed, with the paired differences to standard; their mean from two seeds, their t interval from three."""
+    at_4e3 = _study_runs(root, STUDY_HORIZON) + _study_runs(root, STUDY_LADDER_4E3, required=False)
+    at_4e3 = [run for run in at_4e3 if run.residual == "ladder" and run.config.train.optimizer.lr == 4e-3]
+    at_8e3 = _seed_runs(root)
+    rows, news, olds, bases = [], [], [], []
+    for run in sorted(at_4e3, key=lambda r: r.seed):
+        depth = run.config.model.n_layers
+        ladder8, standard8 = at_8e3[("ladder", run.seed, depth)], at_8e3[("standard", run.seed, depth)]
+        new, old, base = final_val_loss(run), final_val_loss(ladder8), final_val_loss(standard8)
+        news, olds, bases = [*news, new], [*olds, old], [*bases, base]
+        rows.append(
+            [str(run.seed), f"{old:.4f}", f"{new:.4f}", f"{base:.4f}", f"{old - base:+.4f}", f"{new - base:+.4f}"]
+        )
+    pairs = len(rows)
+    if pairs > 1:
+        old_gap, new_gap = paired_difference(olds, bases), paired_difference(news, bases)
+        rows.append(["mean", "", "", "", f"{old_gap.mean:+.4f}", f"{new_gap.mean:+.4f}"])
+    if pairs > 2:
+        interval = "[{:+.4f}, {:+.4f}]"
+        rows.append(["95 % t interval", "", "", "", *(interval.format(d.low, d.high) for d in (old_gap, new_gap))])
+    header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
+    return (
+        markdown_table(header, rows)
+        + f"\n\nValidation loss (nats/byte) at step 2,200, one run per cell; the ladder at 4e-3 from `{STUDY_HORIZON}` "
+        f"(seed 0) and `{STUDY_LADDER_4E3}`, the 8e-3 runs from `{STUDY_SEEDS}`; {pairs} pair(s) by seed"
+        + (": no interval before three.\n" if pairs < 3 else " (paired t, as the seeds table).\n")
+    )
+
+
+TABLES: dict[str, Callable[[Path], str]] = {
+    "study-lr-sweep": study_lr_sweep,
+    "study-seeds": study_seeds,
+    "study-paper-gap": study_paper_gap,
+    "study-unigram": study_unigram,
+    "study-horizon": study_horizon,
+    "study-ladder-rate": study_ladder_rate,
+}
