@@ -48,11 +48,11 @@ def test_the_command_takes_write_or_check_and_refuses_anything_else_in_one_line(
 
 
 def test_a_new_run_changes_the_table_it_feeds(tmp_path):
-    """The table follows the data: dropping one run's folder turns its cell into 'not yet'."""
+    """The table follows the data: dropping one run's folder turns its cell into 'not run'."""
     root = _copy_docs(tmp_path)
     shutil.rmtree(root / "docs/results/study_small/lr/model.residual=parallel,train.optimizer.lr=3.2e-2")
     remade = remake((root / "docs" / "results.md").read_text(), root)
-    assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | not yet |" in remade
+    assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | not run |" in remade
 
 
 def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
@@ -144,9 +144,9 @@ def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_d
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:] if line.startswith("| ")]
     # final validation loss = base + 1; standard's 4e-3 horizon run is not the ladder's
     assert rows == [
-        ["0", "3.1000", "3.0200", "3.0000", "+0.1000", "+0.0200"],
-        ["1", "4.1000", "4.0400", "4.0000", "+0.1000", "+0.0400"],
-        ["mean", "", "", "", "+0.1000", "+0.0300"],
+        ["0", "3.1000", "3.0200", "3.0000", "+0.1000", "+0.0200", "-0.0800"],
+        ["1", "4.1000", "4.0400", "4.0000", "+0.1000", "+0.0400", "-0.0600"],
+        ["mean", "", "", "", "+0.1000", "+0.0300", "-0.0700"],
     ]
     assert "2 pair(s) by seed: no interval before three." in table
 
@@ -170,9 +170,9 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
     lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
     # 4e-3 gaps 0.02, 0.04, 0.09: mean 0.05, sd sqrt(0.0013) = 0.03606, t(0.975, 2) = 4.3027 -> half-width 0.08957;
-    # the 8e-3 gaps are all 0.1 (sd 0)
-    assert rows["mean"] == ["+0.1000", "+0.0500"]
-    assert rows["95 % t interval"] == ["[+0.1000, +0.1000]", "[-0.0396, +0.1396]"]
+    # the 8e-3 gaps are all 0.1 (sd 0); 4e-3 - 8e-3 = -0.08, -0.06, -0.01: mean -0.05, the same sd and half-width
+    assert rows["mean"] == ["+0.1000", "+0.0500", "-0.0500"]
+    assert rows["95 % t interval"] == ["[+0.1000, +0.1000]", "[-0.0396, +0.1396]", "[-0.1396, +0.0396]"]
     assert "3 pair(s) by seed (paired t, as the seeds table)." in table
 
 
@@ -199,9 +199,9 @@ def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_
     # final validation loss = base + 1
     assert rows == [
         "| standard | 3.2000 | **3.0000** | 3.1000 |",
-        "| parallel | not yet | not yet | not yet |",
-        "| ladder | not yet | 3.3000 | 3.2500 |",
+        "| parallel | not run | not run | not run |",
+        "| ladder | not run | 3.3000 | 3.2500 |",
         "| desync-2 (t = 2) | 3.4000 | **3.3500** | 3.5000 |",
-        "| desync-4 (t = 2) | not yet | 3.6000 | not yet |",
+        "| desync-4 (t = 2) | not run | 3.6000 | not run |",
     ]
     assert "from the 5 runs in `docs/results/study_small/lr` and the 4 in" in table

@@ -65,7 +65,7 @@ def study_lr_sweep(root: Path) -> str:
         cells = []
         for lr in rates:
             if sweep is None or lr not in sweep.losses:
-                cells.append("not yet")
+                cells.append("not run")
             else:
                 value = f"{sweep.losses[lr]:.4f}"
                 cells.append(f"**{value}**" if lr == best else value)
@@ -192,7 +192,8 @@ def study_horizon(root: Path) -> str:
 
 def study_ladder_rate(root: Path) -> str:
     """The ladder at 4e-3 seed by seed (seed 0 is the horizon run), beside its 8e-3 run and standard's 8e-3 run of
-    the same seed, with the paired differences to standard; their mean from two seeds, their t interval from three."""
+    the same seed, with the paired differences to standard and between the two rates; their mean from two seeds,
+    their t interval from three."""
     at_4e3 = _study_runs(root, STUDY_HORIZON) + _study_runs(root, STUDY_LADDER_4E3, required=False)
     at_4e3 = [run for run in at_4e3 if run.residual == "ladder" and run.config.train.optimizer.lr == 4e-3]
     at_8e3 = _seed_runs(root)
@@ -203,16 +204,21 @@ def study_ladder_rate(root: Path) -> str:
         new, old, base = final_val_loss(run), final_val_loss(ladder8), final_val_loss(standard8)
         news, olds, bases = [*news, new], [*olds, old], [*bases, base]
         rows.append(
-            [str(run.seed), f"{old:.4f}", f"{new:.4f}", f"{base:.4f}", f"{old - base:+.4f}", f"{new - base:+.4f}"]
+            [
+                str(run.seed),
+                *(f"{loss:.4f}" for loss in (old, new, base)),
+                *(f"{gap:+.4f}" for gap in (old - base, new - base, new - old)),
+            ]
         )
     pairs = len(rows)
     if pairs > 1:
-        old_gap, new_gap = paired_difference(olds, bases), paired_difference(news, bases)
-        rows.append(["mean", "", "", "", f"{old_gap.mean:+.4f}", f"{new_gap.mean:+.4f}"])
+        gaps = (paired_difference(olds, bases), paired_difference(news, bases), paired_difference(news, olds))
+        rows.append(["mean", "", "", "", *(f"{gap.mean:+.4f}" for gap in gaps)])
     if pairs > 2:
         interval = "[{:+.4f}, {:+.4f}]"
-        rows.append(["95 % t interval", "", "", "", *(interval.format(d.low, d.high) for d in (old_gap, new_gap))])
+        rows.append(["95 % t interval", "", "", "", *(interval.format(gap.low, gap.high) for gap in gaps)])
     header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
+    header.append("ladder 4e-3 − 8e-3")
     return (
         markdown_table(header, rows)
         + f"\n\nValidation loss (nats/byte) at step 2,200, one run per cell; the ladder at 4e-3 from `{STUDY_HORIZON}` "
