@@ -28,7 +28,7 @@ from .study import comparison_section
 from .tables import markdown_table
 
 STUDY_LR = Path("docs/results/study_small/lr")
-STUDY_LR_DESYNC = Path("docs/results/study_small/lr_desync")  # desync-2 (t = 2), issue 43's arm
+STUDY_LR_DESYNC = Path("docs/results/study_small/lr_desync")  # desync-2 and desync-4 (t = 2), issue 43's arms
 STUDY_SEEDS = Path("docs/results/study_small/seeds")
 STUDY_HORIZON = Path("docs/results/study_small/horizon")
 STUDY_LADDER_4E3 = Path("docs/results/study_small/ladder_4e-3")  # the ladder's seeds >= 1 at 4e-3 (seed 0: horizon)
