@@ -205,3 +205,53 @@ def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_
         "| desync-4 (t = 2) | not run | 3.6000 | not run |",
     ]
     assert "from the 5 runs in `docs/results/study_small/lr` and the 4 in" in table
+
+
+def _desync_seeds_table(tmp_path, arms):
+    """The desync seeds table over standard seeds 0-2 (final validation loss 3 + seed) and desync runs whose final
+    loss is standard's plus the given gap, by arm (reduce every K) and seed."""
+    from fabricate import fabricate_run
+
+    from ladder_train.report.doc_study_tables import STUDY_SEEDS, STUDY_SEEDS_DESYNC
+    from ladder_train.report.docs_tables import make_table
+
+    for folder in (STUDY_SEEDS, STUDY_SEEDS_DESYNC):
+        (tmp_path / folder).mkdir(parents=True)
+    for seed in range(3):
+        overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
+        fabricate_run(tmp_path / STUDY_SEEDS, f"standard_s{seed}", "standard", 2.0 + seed, overrides, summary={})
+    for every, gaps in arms.items():
+        for seed, gap in enumerate(gaps):
+            overrides = ["model.desync_tp=2", f"model.desync_reduce_every={every}", f"run.seed={seed}"]
+            name = f"desync{every}_s{seed}"
+            fabricate_run(tmp_path / STUDY_SEEDS_DESYNC, name, "desync", 2.0 + seed + gap, overrides, summary={})
+    table = make_table("study-desync-seeds", tmp_path)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:] if line.startswith("| ")]
+    return table, rows
+
+
+def test_the_desync_seeds_table_pairs_each_arm_with_standards_seed_and_adjusts_over_the_arms(tmp_path):
+    table, rows = _desync_seeds_table(tmp_path, {2: (0.02, 0.04, 0.09), 4: (0.10, 0.11, 0.12)})
+    assert table.splitlines()[0] == (
+        "| seed | standard | desync-2 (t = 2) | desync-4 (t = 2) | desync-2 − standard | desync-4 − standard |"
+    )
+    # desync-2: mean 0.05, sd 0.03606, half-width t(0.975, 2) 0.03606 / sqrt(3) = 0.08957, p 0.1383;
+    # desync-4: mean 0.11, sd 0.01, half-width 0.02484, p 0.002743; Holm: 2 x 0.002743 = 0.0055, then 0.1383
+    assert rows == [
+        ["0", "3.0000", "3.0200", "3.1000", "+0.0200", "+0.1000"],
+        ["1", "4.0000", "4.0400", "4.1100", "+0.0400", "+0.1100"],
+        ["2", "5.0000", "5.0900", "5.1200", "+0.0900", "+0.1200"],
+        ["mean", "", "", "", "+0.0500", "+0.1100"],
+        ["95 % t interval", "", "", "", "[-0.0396, +0.1396]", "[+0.0852, +0.1348]"],
+        ["p (Holm)", "", "", "", "0.138", "0.005"],
+    ]
+    assert "pairs by seed: desync-2 3, desync-4 3." in table
+
+
+def test_the_desync_seeds_table_marks_runs_not_yet_landed_and_tests_only_arms_with_three_pairs(tmp_path):
+    table, rows = _desync_seeds_table(tmp_path, {2: (0.02, 0.04), 4: (0.10, 0.11, 0.12)})
+    assert rows[2] == ["2", "5.0000", "not yet", "5.1200", "not yet", "+0.1200"]
+    assert rows[3] == ["mean", "", "", "", "+0.0300", "+0.1100"]
+    # desync-4 alone in Holm's family: its own p-value
+    assert rows[4:] == [["95 % t interval", "", "", "", "", "[+0.0852, +0.1348]"], ["p (Holm)", "", "", "", "", "0.003"]]
+    assert "pairs by seed: desync-2 2, desync-4 3." in table
