@@ -58,3 +58,20 @@ def test_predictions_of_two_settings_are_refused(tmp_path):
         read_predictions(tmp_path / "p.jsonl")
     speedups, setting = read_predictions(PREDICTIONS)
     assert speedups["desync-4"] == {"nvlink": pytest.approx(1.616, abs=1e-3), "pcie": pytest.approx(2.061, abs=1e-3)}
+
+
+def test_a_layout_without_two_seeds_shared_with_standard_gets_no_point(tmp_path):
+    from fabricate import fabricate_run
+
+    study = tmp_path / "study"
+    study.mkdir()
+    for seed in (0, 1):
+        fabricate_run(study, f"standard_s{seed}", "standard", 2.0 + seed, [f"run.seed={seed}"], summary={})
+        fabricate_run(study, f"ladder_s{seed}", "ladder", 2.1 + seed, [f"run.seed={seed}"], summary={})
+    for seed in (1, 5):  # one seed shared with standard: a mean of 0 would place it on standard's line
+        overrides = ["model.desync_tp=2", f"run.seed={seed}"]
+        fabricate_run(study, f"desync_s{seed}", "desync", 2.5, overrides, summary={})
+    report = write_report([study], tmp_path / "out", predictions=PREDICTIONS).read_text()
+    section = report.split("## Layouts: quality, communication, predicted speed\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == [["| layout", "pairs", "paired difference"], ["| ladder", "2", "+0.1000"], ["| standard", "2", "+0.0000"]]

@@ -46,7 +46,8 @@ def all_reduces_per_layer(model) -> float:
 
 
 def layout_points(groups: list[Group], baseline: Group) -> list[LayoutPoint]:
-    """One point per group of seeds at the baseline's depth (the controls of other depths left out)."""
+    """One point per group of seeds at the baseline's depth (the controls of other depths left out) that shares two or
+    more seeds with the baseline."""
     depth = baseline.runs[0].config.model.n_layers
     same_depth = [g for g in groups if g.runs[0].config.model.n_layers == depth]
     points = []
@@ -55,6 +56,8 @@ def layout_points(groups: list[Group], baseline: Group) -> list[LayoutPoint]:
             continue
         model = row.group.runs[0].config.model
         diff = row.difference
+        if diff is None and row.group is not baseline:
+            continue  # fewer than two seeds shared with the baseline: no paired difference to place
         interval = None if diff is None or diff.n < 2 else (diff.low, diff.high)
         pairs = len(row.group.runs) if diff is None else diff.n
         mean = 0.0 if diff is None else diff.mean
