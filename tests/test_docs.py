@@ -253,5 +253,8 @@ def test_the_desync_seeds_table_marks_runs_not_yet_landed_and_tests_only_arms_wi
     assert rows[2] == ["2", "5.0000", "not yet", "5.1200", "not yet", "+0.1200"]
     assert rows[3] == ["mean", "", "", "", "+0.0300", "+0.1100"]
     # desync-4 alone in Holm's family: its own p-value
-    assert rows[4:] == [["95 % t interval", "", "", "", "", "[+0.0852, +0.1348]"], ["p (Holm)", "", "", "", "", "0.003"]]
+    assert rows[4:] == [
+        ["95 % t interval", "", "", "", "", "[+0.0852, +0.1348]"],
+        ["p (Holm)", "", "", "", "", "0.003"],
+    ]
     assert "pairs by seed: desync-2 2, desync-4 3." in table

@@ -74,4 +74,8 @@ def test_a_layout_without_two_seeds_shared_with_standard_gets_no_point(tmp_path)
     report = write_report([study], tmp_path / "out", predictions=PREDICTIONS).read_text()
     section = report.split("## Layouts: quality, communication, predicted speed\n", 1)[1].split("\n## ", 1)[0]
     rows = [line.split(" | ")[:3] for line in section.splitlines() if line.startswith("| ") and "---" not in line]
-    assert rows == [["| layout", "pairs", "paired difference"], ["| ladder", "2", "+0.1000"], ["| standard", "2", "+0.0000"]]
+    assert rows == [
+        ["| layout", "pairs", "paired difference"],
+        ["| ladder", "2", "+0.1000"],
+        ["| standard", "2", "+0.0000"],
+    ]

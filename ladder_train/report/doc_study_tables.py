@@ -17,8 +17,8 @@ from ..study import (
     compare_groups,
     default_baseline,
     final_val_loss,
-    holm,
     group_runs,
+    holm,
     paired_difference,
     pairs_for_power,
     power,
@@ -266,9 +266,7 @@ def study_desync_seeds(root: Path) -> str:
     tested = [name for name in names if name in differences and differences[name].n > 2]
     if tested:
         adjusted = dict(zip(tested, holm([differences[name].p_value for name in tested]), strict=True))
-        rows.append(
-            ["95 % t interval", *blank, *(_interval(differences[n]) if n in tested else "" for n in names)]
-        )
+        rows.append(["95 % t interval", *blank, *(_interval(differences[n]) if n in tested else "" for n in names)])
         rows.append(["p (Holm)", *blank, *(f"{adjusted[n]:.3f}" if n in tested else "" for n in names)])
     labels = [f"{name} (t = {next(iter(arms[name].values())).config.model.desync_tp})" for name in names]
     header = ["seed", "standard", *labels, *(f"{name} − standard" for name in names)]
