@@ -79,3 +79,19 @@ def test_a_layout_without_two_seeds_shared_with_standard_gets_no_point(tmp_path)
         ["| ladder", "2", "+0.1000"],
         ["| standard", "2", "+0.0000"],
     ]
+
+
+def test_a_second_study_folder_adds_the_desync_arms_to_the_chart(tmp_path):
+    from fabricate import fabricate_run
+
+    seeds, desync = tmp_path / "seeds", tmp_path / "seeds_desync"
+    seeds.mkdir()
+    desync.mkdir()
+    for seed in (0, 1):
+        fabricate_run(seeds, f"standard_s{seed}", "standard", 2.0 + seed, [f"run.seed={seed}"], summary={})
+        overrides = ["model.desync_tp=2", "model.desync_reduce_every=4", f"run.seed={seed}"]
+        fabricate_run(desync, f"desync4_s{seed}", "desync", 2.2 + seed, overrides, summary={})
+    report = write_report([seeds, desync], tmp_path / "out", predictions=PREDICTIONS).read_text()
+    section = report.split("## Layouts: quality, communication, predicted speed\n", 1)[1].split("\n## ", 1)[0]
+    # desync-4 of the tiny preset's 2 layers: only the last module (layer 1's MLP) reduces -> 0.5 per layer
+    assert "| desync-4 | 2 | +0.2000 | [+0.2000, +0.2000] | 0.5 | 1.62x | 2.06x |" in section  # both pairs +0.2: sd 0
