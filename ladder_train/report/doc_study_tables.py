@@ -219,8 +219,7 @@ def study_ladder_rate(root: Path) -> str:
         gaps = (paired_difference(olds, bases), paired_difference(news, bases), paired_difference(news, olds))
         rows.append(["mean", "", "", "", *(f"{gap.mean:+.4f}" for gap in gaps)])
     if pairs > 2:
-        interval = "[{:+.4f}, {:+.4f}]"
-        rows.append(["95 % t interval", "", "", "", *(interval.format(gap.low, gap.high) for gap in gaps)])
+        rows.append(["95 % t interval", "", "", "", *map(_interval, gaps)])
     header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
     header.append("ladder 4e-3 − 8e-3")
     return (
