@@ -85,7 +85,7 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     assert rows[("validation loss (nats/token)", "ladder")][5:7] == ["0.205", "0.205"]
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=1)")][5:7] == ["0.070", "0.141"]
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][-1] == "baseline"
-    assert f"6 of the study's {STUDY_SEED_RUNS} seed runs finished" in table and "ladder: 0, 1" in table
+    assert f"6 of the study's {STUDY_SEED_RUNS} planned seed runs finished" in table and "ladder: 0, 1" in table
     assert "slowest–fastest): 506 (506–506)" in table  # fabricated tokens/s 501..510: median 505.5
 
 
@@ -116,12 +116,15 @@ def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen
     horizon.mkdir(parents=True)
     for layout, base in (("standard", 2.0), ("ladder", 2.1)):
         fabricate_run(seeds, f"{layout}_s0", layout, base, ["train.optimizer.lr=8e-3", "run.seed=0"], summary={})
-        fabricate_run(seeds, f"{layout}_s1", layout, base + 5, ["train.optimizer.lr=8e-3", "run.seed=1"], summary={})
+        seed_1 = base + (5.2 if layout == "ladder" else 5)
+        fabricate_run(seeds, f"{layout}_s1", layout, seed_1, ["train.optimizer.lr=8e-3", "run.seed=1"], summary={})
     fabricate_run(horizon, "standard_4e-3", "standard", 1.9, ["train.optimizer.lr=4e-3", "run.seed=0"], summary={})
     table = make_table("study-horizon", tmp_path)
     rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines() if line.startswith("| standard")]
     # final validation loss = base + 1: 3.0 at the chosen 8e-3 (seed 0, not seed 1's 8.0), 2.9 at 4e-3
     assert rows == [["standard", "0.008", "3.0000", "0.004", "2.9000", "-0.1000"]]
+    # the noise it is read against: ladder − standard pairs +0.1 and +0.3, sd 0.1414
+    assert "pair-to-pair sd (ladder − standard: 0.141 over 2 pairs)" in table
 
 
 def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_differences(tmp_path):
