@@ -43,9 +43,22 @@ STUDY_SEED_RUNS = 3 * 5 + 8 * 2
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
+# read runs by folder and the state of their files: the tables read the same folders several times in one
+# remake, and each read resolves a config through omegaconf (~0.1 s); a changed or replaced file reads afresh
+_READ: dict[tuple, object] = {}
+
+
+def _read_run_once(path: Path):
+    state = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(path.rglob("*")) if f.is_file())
+    key = (path.resolve(), state)
+    if key not in _READ:
+        _READ[key] = read_run(path)
+    return _READ[key]
+
+
 def _study_runs(root: Path, folder: Path, required: bool = True) -> list:
     """The finished runs collected under a study folder, in name order (none: an error when ``required``)."""
-    runs = [read_run(p.parent) for p in sorted((root / folder).glob("*/metrics.jsonl"))]
+    runs = [_read_run_once(p.parent) for p in sorted((root / folder).glob("*/metrics.jsonl"))]
     if required and not runs:
         raise FileNotFoundError(2, "no finished run", str(root / folder))
     return runs
