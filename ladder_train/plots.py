@@ -21,18 +21,21 @@ def save_figure(
     ylabel: str | None = None,
     legend_size: float | None = None,
     grid_axis: str = "both",
+    legend_below: bool = False,
 ) -> Path:
     """Label ``ax`` (labels left as they are when None), add a light grid and the legend, write ``path`` at 120
-    dpi and close the figure; returns ``path``."""
+    dpi and close the figure; returns ``path``. ``legend_below`` sets the legend under the axes, where long or
+    many labels cannot cover the lines, and lets the image grow to hold it."""
     if xlabel is not None:
         ax.set_xlabel(xlabel)
     if ylabel is not None:
         ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis=grid_axis)
-    ax.legend(fontsize=legend_size) if legend_size else ax.legend()
+    placement = dict(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncols=1) if legend_below else {}
+    ax.legend(fontsize=legend_size, **placement) if legend_size else ax.legend(**placement)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight" if legend_below else None)
     plt.close(fig)
     return path
 

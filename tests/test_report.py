@@ -192,3 +192,33 @@ def test_report_groups_seeds_and_gives_mean_sd_and_differences(tmp_path):
     assert rows[lr_label] == ["1 (0)", "3.5000", "4.5000", "+0.2000", "—"]
     png = tmp_path / "out" / "loss_seeds.png"
     assert "](loss_seeds.png)" in section and png.stat().st_size > 10_000
+
+
+def test_a_studys_loss_and_lr_plots_draw_one_legend_entry_per_group_not_per_seed(tmp_path):
+    """Seeds of one configuration share a colour and one legend entry (a 27-run study's legend was 54 lines that
+    covered the plot); a run alone keeps its own label; the schedule is drawn once per group."""
+    from ladder_train.plots import new_figure
+    from ladder_train.report.runs import read_run
+    from ladder_train.report.tables import draw_loss, draw_lr
+    from ladder_train.study import group_runs
+
+    paths = [
+        fabricate_run(tmp_path, f"{layout}_s{seed}", layout, 2.0 + seed / 10, [f"run.seed={seed}"])
+        for layout in ("standard", "ladder")
+        for seed in range(3)
+    ]
+    paths.append(fabricate_run(tmp_path, "ladder_lr", "ladder", 2.5, ["run.seed=0", "train.optimizer.lr=0.001"]))
+    groups = group_runs([read_run(path) for path in paths])
+    fig, ax = new_figure(8, 5)
+    draw_loss(ax, groups)
+    labels = ax.get_legend_handles_labels()[1]
+    # the ladder's seeds are told from the lone ladder run by the key in which they differ
+    expected = ["standard, 3 runs", "ladder (train.optimizer.lr=0.0003), 3 runs", "ladder_lr", "validation (dashed)"]
+    assert labels == expected
+    assert len(ax.lines) == 7 * 2 + 1  # every run's training and validation curves, and the style's key
+    colours = {line.get_color() for line in ax.lines[:6]}  # standard's three runs, train and validation
+    assert colours == {"C0"}
+    fig, ax = new_figure(8, 3.5)
+    draw_lr(ax, groups)
+    assert [line.get_label() for line in ax.lines] == labels[:3]
+    assert list(ax.lines[0].get_ydata()) == [1e-3 * step / 10 for step in range(1, 11)]

@@ -70,8 +70,9 @@ def write_report(
             lines.append(markdown_table(*runs_table(runs)))
         lines.append("")
         lines += _study_sections(runs, out, baseline, resolution, predictions)
-        lines += ["## Loss", "", f"![loss against tokens]({plot_loss(runs, out).name})", ""]
-        lines += ["## Learning rate", "", f"![learning rate]({plot_lr(runs, out).name})", ""]
+        groups = group_runs(runs)
+        lines += ["## Loss", "", f"![loss against tokens]({plot_loss(groups, out).name})", ""]
+        lines += ["## Learning rate", "", f"![learning rate]({plot_lr(groups, out).name})", ""]
     if bench_rows:
         lines += ["## Tensor-parallel generation", "", *bench_section(bench_rows, out), ""]
     report = out / "report.md"

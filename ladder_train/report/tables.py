@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from ..plots import new_figure, save_figure
+from ..study import Group
 from .runs import Run, final_train_loss, train_tokens_per_s
 
 # per task, the metric the paper's tables use (acc_norm where lm-eval has it) and whether lower is better
@@ -67,34 +68,63 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def plot_loss(runs: list[Run], out: Path) -> Path:
-    fig, ax = new_figure(8, 5)
-    for i, run in enumerate(runs):
-        color = f"C{i}"
-        ax.plot(
-            [r["tokens"] for r in run.train],
-            [r["loss"] for r in run.train],
-            color=color,
-            alpha=0.8,
-            label=f"{run.label} train",
-        )
-        if run.val:
+def _legend_label(group: Group) -> str:
+    """A group of one run by the run's own label; repeats by the group's, with how many runs it draws."""
+    return group.runs[0].label if len(group.runs) == 1 else f"{group.label}, {len(group.runs)} runs"
+
+
+def draw_loss(ax, groups: list[Group]) -> None:
+    """Each group's runs in one colour, training solid and validation dashed, one legend entry per group: a
+    study's dozens of seeds stay one line of legend per configuration."""
+    for i, group in enumerate(groups):
+        for j, run in enumerate(group.runs):
+            label = _legend_label(group) if j == 0 else None
             ax.plot(
-                [r["tokens"] for r in run.val],
-                [r["val_loss"] for r in run.val],
-                color=color,
-                linestyle="--",
-                marker="o",
-                markersize=3,
-                label=f"{run.label} validation",
+                [r["tokens"] for r in run.train], [r["loss"] for r in run.train], color=f"C{i}", alpha=0.6, label=label
             )
+            if run.val:
+                ax.plot(
+                    [r["tokens"] for r in run.val],
+                    [r["val_loss"] for r in run.val],
+                    color=f"C{i}",
+                    linestyle="--",
+                    marker="o",
+                    markersize=3,
+                )
+    if any(run.val for group in groups for run in group.runs):
+        ax.plot([], [], color="gray", linestyle="--", marker="o", markersize=3, label="validation (dashed)")
+
+
+def plot_loss(groups: list[Group], out: Path) -> Path:
+    fig, ax = new_figure(8, 5)
+    draw_loss(ax, groups)
     return save_figure(
-        fig, ax, out / "loss.png", title="Loss against tokens", xlabel="tokens", ylabel="loss (nats/token)"
+        fig,
+        ax,
+        out / "loss.png",
+        title="Loss against tokens",
+        xlabel="tokens",
+        ylabel="loss (nats/token)",
+        legend_below=True,
     )
 
 
-def plot_lr(runs: list[Run], out: Path) -> Path:
+def draw_lr(ax, groups: list[Group]) -> None:
+    """One schedule per group: its runs differ only in seed, name and folder, which the schedule does not read."""
+    for i, group in enumerate(groups):
+        run = group.runs[0]
+        ax.plot([r["step"] for r in run.train], [r["lr"] for r in run.train], color=f"C{i}", label=_legend_label(group))
+
+
+def plot_lr(groups: list[Group], out: Path) -> Path:
     fig, ax = new_figure(8, 3.5)
-    for i, run in enumerate(runs):
-        ax.plot([r["step"] for r in run.train], [r["lr"] for r in run.train], color=f"C{i}", label=run.label)
-    return save_figure(fig, ax, out / "lr.png", title="Learning-rate schedule", xlabel="step", ylabel="learning rate")
+    draw_lr(ax, groups)
+    return save_figure(
+        fig,
+        ax,
+        out / "lr.png",
+        title="Learning-rate schedule",
+        xlabel="step",
+        ylabel="learning rate",
+        legend_below=True,
+    )
