@@ -43,3 +43,9 @@ def save_figure(
 def new_figure(width: float, height: float):
     """A figure and its axes, ``width`` x ``height`` inches."""
     return plt.subplots(figsize=(width, height))
+
+
+def series_colour(i: int, n: int):
+    """The colour of series ``i`` of ``n``: matplotlib's default cycle up to 10 series; beyond, tab20's 20 colours,
+    so a sweep's 15 runs do not repeat the first ten's colours."""
+    return f"C{i}" if n <= 10 else plt.get_cmap("tab20")(i % 20)

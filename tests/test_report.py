@@ -222,3 +222,7 @@ def test_a_studys_loss_and_lr_plots_draw_one_legend_entry_per_group_not_per_seed
     draw_lr(ax, groups)
     assert [line.get_label() for line in ax.lines] == labels[:3]
     assert list(ax.lines[0].get_ydata()) == [1e-3 * step / 10 for step in range(1, 11)]
+    # a sweep of 15 configurations: past the default cycle's 10 colours none repeats
+    from ladder_train.plots import series_colour
+
+    assert series_colour(2, 10) == "C2" and len({str(series_colour(i, 15)) for i in range(15)}) == 15

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..plots import new_figure, save_figure
+from ..plots import new_figure, save_figure, series_colour
 from ..study import Group
 from .runs import Run, final_train_loss, train_tokens_per_s
 
@@ -80,13 +80,17 @@ def draw_loss(ax, groups: list[Group]) -> None:
         for j, run in enumerate(group.runs):
             label = _legend_label(group) if j == 0 else None
             ax.plot(
-                [r["tokens"] for r in run.train], [r["loss"] for r in run.train], color=f"C{i}", alpha=0.6, label=label
+                [r["tokens"] for r in run.train],
+                [r["loss"] for r in run.train],
+                color=series_colour(i, len(groups)),
+                alpha=0.6,
+                label=label,
             )
             if run.val:
                 ax.plot(
                     [r["tokens"] for r in run.val],
                     [r["val_loss"] for r in run.val],
-                    color=f"C{i}",
+                    color=series_colour(i, len(groups)),
                     linestyle="--",
                     marker="o",
                     markersize=3,
@@ -113,7 +117,12 @@ def draw_lr(ax, groups: list[Group]) -> None:
     """One schedule per group: its runs differ only in seed, name and folder, which the schedule does not read."""
     for i, group in enumerate(groups):
         run = group.runs[0]
-        ax.plot([r["step"] for r in run.train], [r["lr"] for r in run.train], color=f"C{i}", label=_legend_label(group))
+        ax.plot(
+            [r["step"] for r in run.train],
+            [r["lr"] for r in run.train],
+            color=series_colour(i, len(groups)),
+            label=_legend_label(group),
+        )
 
 
 def plot_lr(groups: list[Group], out: Path) -> Path:
