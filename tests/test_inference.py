@@ -174,7 +174,10 @@ def test_tp_model_from_a_training_checkpoint_equals_its_export(tp_run):
 def test_tp2_kv_cache_decode_equals_recomputing_the_prefix(tp_run, layout):
     ranks, _ = tp_run
     for result in ranks:
-        torch.testing.assert_close(result[layout]["cached"], result[layout]["recompute"], atol=1e-5, rtol=1e-5)
+        # a full recompute and the cached decode sum in other orders: fp32 rounding grows with the logits (the desync
+        # test saw 1.4e-5 at logits up to ~8), so the bound scales with them; a wrong cache position is off by far more
+        atol = 1e-5 * max(1.0, result[layout]["cached"].abs().max().item())
+        torch.testing.assert_close(result[layout]["cached"], result[layout]["recompute"], atol=atol, rtol=1e-5)
 
 
 @pytest.mark.slow
