@@ -41,7 +41,7 @@ case "$PART" in
     timeout -s TERM $(( ${STUDY_S:-180} + 240 )) "${PYTHON:-python3}" -m benchmarks.gpu_study --out "$W/study" \
       --budget-s "${STUDY_S:-180}" \
       --study "recipes/study_small.yaml model.residual=standard train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
-      --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=4e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
+      --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
       "${ARGS[@]}" > "$OUT/study.log" 2>&1
     tail -25 "$OUT/study.log"
     tar czf "$OUT/study.tgz" -C "$W" study 2>/dev/null

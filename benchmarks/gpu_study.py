@@ -3,7 +3,7 @@ offline machine that received the checkout with ``.gpu/`` (``bash benchmarks/gpu
 
     python -m benchmarks.gpu_study --out DIR --jobs 8 --budget-s 420 \\
         --study "recipes/study_small.yaml model.residual=standard train.optimizer.lr=8e-3 run.seed=3,4,5 run.dir=runs/gpu_seeds" \\
-        --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=4e-3 run.seed=3,4,5 run.dir=runs/gpu_seeds"
+        --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=8e-3 run.seed=3,4,5 run.dir=runs/gpu_seeds"
     python -m benchmarks.gpu_study --tiny --out /tmp/s --study "..." --set train.max_steps=3   # the CPU, a check
 
 Each ``--study`` is what ``ladder-train study --config`` takes (a recipe, then ``key=a,b`` overrides); its points are
