@@ -69,8 +69,8 @@ def write_report(
         else:  # a study's runs are in name order, which makes no baseline: its comparisons are the sections below
             lines.append(markdown_table(*runs_table(runs)))
         lines.append("")
-        lines += _study_sections(runs, out, baseline, resolution, predictions)
         groups = group_runs(runs)
+        lines += _study_sections(groups, out, baseline, resolution, predictions)
         lines += ["## Loss", "", f"![loss against tokens]({plot_loss(groups, out).name})", ""]
         lines += ["## Learning rate", "", f"![learning rate]({plot_lr(groups, out).name})", ""]
     if bench_rows:
@@ -81,9 +81,8 @@ def write_report(
 
 
 def _study_sections(
-    runs: list[Run], out: Path, baseline: str | None, resolution: float | None, predictions: Path | None = None
+    groups: list[Group], out: Path, baseline: str | None, resolution: float | None, predictions: Path | None = None
 ) -> list[str]:
-    groups = group_runs(runs)
     lines = []
     lr_sweeps = sweeps(groups)
     if lr_sweeps:
