@@ -55,6 +55,17 @@ def test_a_new_run_changes_the_table_it_feeds(tmp_path):
     assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | not run |" in remade
 
 
+def test_a_run_whose_metrics_change_is_read_again_in_the_same_process(tmp_path):
+    """The tables read each run folder once per state of its files: an edited metrics.jsonl feeds the next remake."""
+    from ladder_train.report.docs_tables import make_table
+
+    root = _copy_docs(tmp_path)
+    assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | 2.1708 |" in make_table("study-lr-sweep", root)
+    metrics = root / "docs/results/study_small/lr/model.residual=parallel,train.optimizer.lr=3.2e-2/metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"val_loss": 2.1708166375756264', '"val_loss": 2.9'))
+    assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | 2.9000 |" in make_table("study-lr-sweep", root)
+
+
 def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     """Two seeds per group: the paired difference and its interval are the ones computed by hand."""
     import pytest

@@ -45,15 +45,16 @@ LAYOUTS = ("standard", "parallel", "ladder")
 
 # read runs by folder and the state of their files: the tables read the same folders several times in one
 # remake, and each read resolves a config through omegaconf (~0.1 s); a changed or replaced file reads afresh
-_READ: dict[tuple, object] = {}
+_READ: dict[Path, tuple] = {}  # folder -> (state of its files, Run)
 
 
 def _read_run_once(path: Path):
-    state = tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in sorted(path.rglob("*")) if f.is_file())
-    key = (path.resolve(), state)
-    if key not in _READ:
-        _READ[key] = read_run(path)
-    return _READ[key]
+    files = sorted(f for f in path.rglob("*") if f.is_file())
+    state = tuple((str(f.relative_to(path)), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    key = path.resolve()
+    if key not in _READ or _READ[key][0] != state:
+        _READ[key] = (state, read_run(path))
+    return _READ[key][1]
 
 
 def _study_runs(root: Path, folder: Path, required: bool = True) -> list:
