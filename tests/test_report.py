@@ -226,3 +226,17 @@ def test_a_studys_loss_and_lr_plots_draw_one_legend_entry_per_group_not_per_seed
     from ladder_train.plots import series_colour
 
     assert series_colour(2, 10) == "C2" and len({str(series_colour(i, 15)) for i in range(15)}) == 15
+
+
+def test_the_loss_unit_is_nats_per_byte_only_where_every_run_reads_bytes(tmp_path):
+    from ladder_train.report.runs import loss_unit, read_run
+
+    byte = [read_run(fabricate_run(tmp_path, f"b{seed}", "ladder", 2.0, ["data.tokenizer=byte"])) for seed in range(2)]
+    hub = read_run(fabricate_run(tmp_path, "hub", "ladder", 2.0))
+    assert hub.config.data.tokenizer == "bigcode/starcoder"
+    assert (loss_unit(byte), loss_unit([hub]), loss_unit([*byte, hub]), loss_unit([])) == (
+        "nats/byte",
+        "nats/token",
+        "nats/token",
+        "nats/token",
+    )

@@ -19,6 +19,7 @@ from ..errors import InputError
 from ..option_errors import layout_name
 from ..plots import new_figure, save_figure
 from ..study import Group, compare_groups
+from .runs import loss_unit
 from .tables import markdown_table
 
 
@@ -102,7 +103,8 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
             f"{speedups[point.layout][link]:.2f}x" if link in speedups.get(point.layout, {}) else "—" for link in links
         ]
         rows.append(cells)
-    chart = plot_layouts(points, speedups, out / "layouts.png", setting)
+    unit = loss_unit([run for group in groups for run in group.runs])
+    chart = plot_layouts(points, speedups, out / "layouts.png", setting, unit)
     return [
         f"Paired difference of the final validation loss to {baseline.label} (as above); all-reduces per token and "
         "layer under tensor parallelism (the ladder's run behind the next module); the decode speedup over standard "
@@ -114,7 +116,9 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
     ]
 
 
-def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_setting: str) -> Path:
+def plot_layouts(
+    points: list[LayoutPoint], speedups: dict, out: Path, title_setting: str, unit: str = "nats/token"
+) -> Path:
     fig, ax = new_figure(8, 4.8)
     for i, point in enumerate(points):
         color = f"C{i}"
@@ -157,6 +161,6 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
         title="Layouts: quality against communication\n"
         f"(labels: PREDICTED decode speedup over standard, {title_setting})",
         xlabel="all-reduces per token and layer under tensor parallelism",
-        ylabel="validation loss − standard's, paired (nats/byte, 95 % t interval)",
+        ylabel=f"validation loss − standard's, paired ({unit}, 95 % t interval)",
         legend_size=8,
     )

@@ -51,6 +51,12 @@ def read_run(path: Path) -> Run:
     return run
 
 
+def loss_unit(runs: list[Run]) -> str:
+    """The unit of the runs' losses: nats/byte where every run reads bytes (the byte tokenizer, one token a byte),
+    nats/token otherwise."""
+    return "nats/byte" if runs and all(run.config.data.tokenizer == "byte" for run in runs) else "nats/token"
+
+
 def read_metrics(path: Path) -> list[dict]:
     """The records of a run's ``metrics.jsonl`` in file order (blank lines skipped); a line that is not JSON is a
     ConfigError naming it."""

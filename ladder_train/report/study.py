@@ -20,7 +20,7 @@ from ..study import (
     seeds_table,
     verdict,
 )
-from .runs import final_train_loss
+from .runs import final_train_loss, loss_unit
 from .tables import markdown_table
 
 
@@ -206,6 +206,6 @@ def plot_paired_validation(groups: list[Group], baseline: Group, out: Path, reso
         out / "paired_validation.png",
         title=f"Validation loss minus {baseline.label}'s, seed by seed\n(band: 95 % t interval of the mean; thin lines: each pair)",
         xlabel="tokens",
-        ylabel="paired difference (nats/token)",
+        ylabel=f"paired difference ({loss_unit([run for group in groups for run in group.runs])})",
         legend_size=8,
     )

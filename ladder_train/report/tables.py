@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..plots import new_figure, save_figure, series_colour
 from ..study import Group
-from .runs import Run, final_train_loss, train_tokens_per_s
+from .runs import Run, final_train_loss, loss_unit, train_tokens_per_s
 
 # per task, the metric the paper's tables use (acc_norm where lm-eval has it) and whether lower is better
 TASK_METRICS = {
@@ -108,7 +108,7 @@ def plot_loss(groups: list[Group], out: Path) -> Path:
         out / "loss.png",
         title="Loss against tokens",
         xlabel="tokens",
-        ylabel="loss (nats/token)",
+        ylabel=f"loss ({loss_unit([run for group in groups for run in group.runs])})",
         legend_below=True,
     )
 
