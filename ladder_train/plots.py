@@ -32,7 +32,7 @@ def save_figure(
         ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis=grid_axis)
-    placement = dict(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncols=1) if legend_below else {}
+    placement = dict(loc="upper center", bbox_to_anchor=(0.5, -0.15)) if legend_below else {}
     ax.legend(fontsize=legend_size, **placement) if legend_size else ax.legend(**placement)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight" if legend_below else None)

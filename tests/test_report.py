@@ -240,3 +240,21 @@ def test_the_loss_unit_is_nats_per_byte_only_where_every_run_reads_bytes(tmp_pat
         "nats/token",
         "nats/token",
     )
+
+
+def test_runs_named_one_by_one_keep_a_legend_entry_each_and_a_studys_seeds_share_one(tmp_path, monkeypatch):
+    """Two seeds of one configuration: named as two run folders each is its own line (the reader chose them);
+    given as their study folder they are one group."""
+    import ladder_train.report as report
+
+    study = tmp_path / "study"
+    study.mkdir()
+    paths = [fabricate_run(study, f"std_s{seed}", "standard", 2.0, [f"run.seed={seed}"]) for seed in (0, 1)]
+    drawn = []
+    monkeypatch.setattr(report, "plot_loss", lambda groups, out: drawn.append(groups) or out / "loss.png")
+    write_report(paths, tmp_path / "named")
+    write_report([study], tmp_path / "study_out")
+    assert [[(g.label, len(g.runs)) for g in groups] for groups in drawn] == [
+        [("std_s0 (standard)", 1), ("std_s1 (standard)", 1)],
+        [("standard", 2)],
+    ]

@@ -62,7 +62,8 @@ def write_report(
     if runs:
         lines.append("Runs: " + ", ".join(f"`{r.path}`" for r in runs) + ".")
         lines += ["", "## Results", ""]
-        if len(runs) <= SIDE_BY_SIDE and all(map(_is_run, run_dirs)):
+        side_by_side = len(runs) <= SIDE_BY_SIDE and all(map(_is_run, run_dirs))
+        if side_by_side:
             # runs named one by one, in the order their reader chose: the last one relative to the first
             header = ["", *(r.label for r in runs), f"{runs[-1].name} vs {runs[0].name}" if len(runs) > 1 else "—"]
             lines.append(markdown_table(header, results_table(runs)))
@@ -71,8 +72,10 @@ def write_report(
         lines.append("")
         groups = group_runs(runs)
         lines += _study_sections(groups, out, baseline, resolution, predictions)
-        lines += ["## Loss", "", f"![loss against tokens]({plot_loss(groups, out).name})", ""]
-        lines += ["## Learning rate", "", f"![learning rate]({plot_lr(groups, out).name})", ""]
+        # runs named one by one keep a line and a legend entry each, even two seeds of one configuration
+        drawn = [Group(label=run.label, runs=[run]) for run in runs] if side_by_side else groups
+        lines += ["## Loss", "", f"![loss against tokens]({plot_loss(drawn, out).name})", ""]
+        lines += ["## Learning rate", "", f"![learning rate]({plot_lr(drawn, out).name})", ""]
     if bench_rows:
         lines += ["## Tensor-parallel generation", "", *bench_section(bench_rows, out), ""]
     report = out / "report.md"

@@ -116,9 +116,7 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
     ]
 
 
-def plot_layouts(
-    points: list[LayoutPoint], speedups: dict, out: Path, title_setting: str, unit: str = "nats/token"
-) -> Path:
+def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_setting: str, unit: str) -> Path:
     fig, ax = new_figure(8, 4.8)
     for i, point in enumerate(points):
         color = f"C{i}"
