@@ -272,3 +272,38 @@ def test_the_desync_seeds_table_marks_runs_not_yet_landed_and_tests_only_arms_wi
         ["p (Holm)", "", "", "", "", "0.003"],
     ]
     assert "pairs by seed: desync-2 2, desync-4 3." in table
+
+
+def test_the_ladder_pairs_table_gives_each_seed_the_figures_of_the_pairs_so_far(tmp_path):
+    import json
+
+    from fabricate import fabricate_run
+
+    from ladder_train.report.doc_study_tables import STUDY_SEEDS
+    from ladder_train.report.docs_tables import make_table
+
+    (tmp_path / STUDY_SEEDS).mkdir(parents=True)
+    for seed, (ladder_gap, parallel_gap) in enumerate(((0.02, 0.01), (0.04, 0.03), (0.09, 0.02))):
+        overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
+        for layout, base in (("standard", 2.0), ("ladder", 2.0 + ladder_gap), ("parallel", 2.0 + parallel_gap)):
+            fabricate_run(tmp_path / STUDY_SEEDS, f"{layout}_s{seed}", layout, base + seed, overrides, summary={})
+    # seed 2's runs carry clock times (rows written since 2026-11-27 do); the later one is the pair's finish
+    for layout, time in (("standard", "2026-11-27T10:00:00+00:00"), ("ladder", "2026-11-27T11:30:59+00:00")):
+        metrics = tmp_path / STUDY_SEEDS / f"{layout}_s2" / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps({**row, "time": time}) + "\n" for row in rows))
+    table = make_table("study-ladder-pairs", tmp_path)
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in table.splitlines()[2:] if line.startswith("| ")]
+    # ladder gaps 0.02, 0.04 (two pairs): mean 0.03, sd 0.01414, t(0.975, 1) 12.706 -> half-width 0.1271, p 0.2048;
+    # with 0.09 (three): mean 0.05, sd 0.03606, half-width 0.0896, p 0.1383. Parallel's gaps 0.01, 0.03, 0.02 give
+    # p 0.0742, so Holm over the two: max(0.2048, 2 x 0.0742) = 0.2048, then max(0.1383, 0.1484) = 0.1484
+    assert rows == [
+        ["0", "3.0000", "3.0200", "+0.0200", "2 of 2", "—", "1", "", "", "", "", "", ""],
+        ["1", "4.0000", "4.0400", "+0.0400", "2 of 2", "—", "2", "+0.0300", "[-0.0971, +0.1571]", "0.1271", "0.0141"]
+        + ["0.205", "0.205"],
+        ["2", "5.0000", "5.0900", "+0.0900", "2 of 2", "2026-11-27 11:30", "3", "+0.0500", "[-0.0396, +0.1396]"]
+        + ["0.0896", "0.0361", "0.138", "0.148"],
+    ]
+    # t(0.975, 10) x 0.03606 / sqrt(11) = 0.0242; t(0.975, 12) x 0.03606 / sqrt(13) = 0.0218
+    assert "At the last row's pair sd (0.0361) the projected half-width is: 11 pairs 0.0242, 13 pairs 0.0218." in table
+    assert "Holm p adjusts over the seeds table's 2 validation-loss comparisons" in table

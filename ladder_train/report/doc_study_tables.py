@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from scipy import stats as scipy_stats
+
 from ..option_errors import desync_every, layout_name
 from ..paper import PRETRAINING
 from ..study import (
@@ -258,6 +260,78 @@ def study_ladder_rate(root: Path) -> str:
     )
 
 
+def study_ladder_pairs(root: Path) -> str:
+    """The ladder − standard pairs seed by seed in the order the extension ran them, each row with the figures of
+    the pairs so far (mean, 95 % t interval, pair sd, p, Holm p over the seeds table's comparisons as they stood),
+    the validation steps at which the ladder was above, and when the later run of the pair finished."""
+    runs = _seed_runs(root)
+    groups = group_runs(list(runs.values()))
+    baseline = default_baseline(groups)
+    depth = baseline.runs[0].config.model.n_layers
+    # the other comparisons' p-values, as the seeds table has them; the ladder's is recomputed row by row
+    others = [
+        row.difference.p_value
+        for row in _loss_differences(groups, baseline)
+        if row.difference is not None and not row.group.label.startswith("ladder")
+    ]
+    seeds = sorted(seed for (residual, seed, layers) in runs if residual == "ladder" and layers == depth)
+    seeds = [seed for seed in seeds if ("standard", seed, depth) in runs]
+    rows, ladder, standard = [], [], []
+    for seed in seeds:
+        pair = runs[("ladder", seed, depth)], runs[("standard", seed, depth)]
+        ladder.append(final_val_loss(pair[0]))
+        standard.append(final_val_loss(pair[1]))
+        gaps = _step_gaps(*pair)
+        row = [
+            str(seed),
+            f"{standard[-1]:.4f}",
+            f"{ladder[-1]:.4f}",
+            f"{ladder[-1] - standard[-1]:+.4f}",
+            f"{sum(gap > 0 for gap in gaps)} of {len(gaps)}",
+            _finished(pair),
+            str(len(ladder)),
+        ]
+        if len(ladder) < 2:
+            rows.append(row + [""] * 6)
+            continue
+        gap = paired_difference(ladder, standard)
+        adjusted = holm([gap.p_value, *others])[0]
+        row += [f"{gap.mean:+.4f}", _interval(gap), f"{gap.half_width:.4f}", f"{gap.sd:.4f}", f"{gap.p_value:.3f}"]
+        rows.append(row + [f"{adjusted:.3f}"])
+    header = ["seed", "standard", "ladder", "ladder − standard", "val steps ladder above", "finished (UTC)"]
+    header += ["pairs", "mean", "95 % interval", "half-width", "pair sd", "p", "Holm p"]
+    text = markdown_table(header, rows)
+    text += (
+        f"\n\nValidation loss (nats/byte) at step 2,200, both layouts at their chosen rate, from `{STUDY_SEEDS}`; "
+        "each row's last seven columns are the paired t figures of the pairs up to it (the seeds table's at the "
+        f"last row); Holm p adjusts over the seeds table's {len(others) + 1} validation-loss comparisons, the "
+        "others at their three pairs. Val steps ladder above: the validation steps (every 250) at which the "
+        "ladder's loss exceeds standard's. Finished: the later run's last metrics row (rows written before "
+        "2026-11-27 carry no time: —)."
+    )
+    if len(ladder) > 1:
+        sd = statistics.stdev([a - b for a, b in zip(ladder, standard, strict=True)])
+        projected = ", ".join(f"{m} pairs {_half_width(sd, m):.4f}" for m in (11, 13) if m > len(ladder))
+        if projected:
+            text += f" At the last row's pair sd ({sd:.4f}) the projected half-width is: {projected}."
+    return text + "\n"
+
+
+def _step_gaps(run, baseline) -> list[float]:
+    """The run's validation loss minus the baseline's at each validation step both logged."""
+    base = {row["step"]: row["val_loss"] for row in baseline.val}
+    return [row["val_loss"] - base[row["step"]] for row in run.val if row["step"] in base]
+
+
+def _finished(pair) -> str:
+    times = [run.val[-1].get("time") for run in pair]
+    return "—" if None in times else max(times)[:16].replace("T", " ")
+
+
+def _half_width(sd: float, n: int) -> float:
+    return float(scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+
+
 def study_desync_seeds(root: Path) -> str:
     """The desync arms seed by seed beside standard's run of the same seed (the seeds table's, at its chosen rate),
     with each arm's paired difference to standard: its mean from two pairs; its t interval and Holm-adjusted p-value
@@ -318,5 +392,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "study-unigram": study_unigram,
     "study-horizon": study_horizon,
     "study-ladder-rate": study_ladder_rate,
+    "study-ladder-pairs": study_ladder_pairs,
     "study-desync-seeds": study_desync_seeds,
 }
