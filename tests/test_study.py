@@ -19,7 +19,7 @@ from ladder_train.config import ConfigError
 from ladder_train.errors import Preempted
 from ladder_train.study import runner
 from ladder_train.study.grid import NAME_BYTES, folder_name, grid, split_values
-from ladder_train.study.stats import best_rate, holm, paired_difference, pairs_for_power, power
+from ladder_train.study.stats import best_rate, half_width, holm, paired_difference, pairs_for_power, power
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE = str(REPO / "recipes" / "smoke.yaml")
@@ -436,6 +436,17 @@ def test_holm_adjusts_the_smallest_p_most_and_keeps_the_order_monotone():
     assert adjusted == pytest.approx([0.160, 0.297, 0.297, 0.573])
     assert holm([0.9, 0.5]) == [1.0, 1.0]  # capped at 1, and never below an earlier adjusted value
     assert holm([]) == []
+
+
+def test_the_half_width_n_pairs_project_is_the_t_intervals():
+    # t(0.975, 10) = 2.2281: 2.2281 x 0.017 / sqrt(11) = 0.01142; t(0.975, 12) = 2.1788: x 0.017 / sqrt(13) = 0.01027;
+    # t(0.95, 2) = 2.9200 (a 90 % interval): x 0.020 / sqrt(3) = 0.03372
+    assert half_width(0.017, 11) == pytest.approx(0.011421, abs=1e-6)
+    assert half_width(0.017, 13) == pytest.approx(0.010273, abs=1e-6)
+    assert half_width(0.020, 3, confidence=0.90) == pytest.approx(0.033717, abs=1e-6)
+    # the interval of measured pairs has the half-width their own sd projects
+    measured = paired_difference([1.02, 1.04, 1.09], [1.0, 1.0, 1.0])
+    assert measured.half_width == pytest.approx(half_width(measured.sd, 3)) == pytest.approx(0.08957, abs=1e-5)
 
 
 def test_power_and_the_pairs_it_takes_match_the_noncentral_t():

@@ -11,8 +11,6 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from scipy import stats as scipy_stats
-
 from ..option_errors import desync_every, layout_name
 from ..paper import PRETRAINING
 from ..study import (
@@ -20,6 +18,7 @@ from ..study import (
     default_baseline,
     final_val_loss,
     group_runs,
+    half_width,
     holm,
     paired_difference,
     pairs_for_power,
@@ -311,7 +310,7 @@ def study_ladder_pairs(root: Path) -> str:
     )
     if len(ladder) > 1:
         sd = statistics.stdev([a - b for a, b in zip(ladder, standard, strict=True)])
-        projected = ", ".join(f"{m} pairs {_half_width(sd, m):.4f}" for m in (11, 13) if m > len(ladder))
+        projected = ", ".join(f"{m} pairs {half_width(sd, m):.4f}" for m in (11, 13) if m > len(ladder))
         if projected:
             text += f" At the last row's pair sd ({sd:.4f}) the projected half-width is: {projected}."
     return text + "\n"
@@ -326,10 +325,6 @@ def _step_gaps(run, baseline) -> list[float]:
 def _finished(pair) -> str:
     times = [run.val[-1].get("time") for run in pair]
     return "—" if None in times else max(times)[:16].replace("T", " ")
-
-
-def _half_width(sd: float, n: int) -> float:
-    return float(scipy_stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
 
 
 def study_desync_seeds(root: Path) -> str:

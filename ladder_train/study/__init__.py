@@ -3,7 +3,7 @@ its layouts (each at its own best learning rate, paired seeds, 95 % intervals)."
 
 from .analysis import Sweep, compare_groups, default_baseline, final_val_loss, seeded, sweeps, verdict
 from .groups import Group, group_runs, plot_bands, seeds_table
-from .stats import holm, paired_difference, pairs_for_power, power
+from .stats import half_width, holm, paired_difference, pairs_for_power, power
 
 __all__ = [
     "Group",
@@ -12,6 +12,7 @@ __all__ = [
     "default_baseline",
     "final_val_loss",
     "group_runs",
+    "half_width",
     "holm",
     "paired_difference",
     "pairs_for_power",

@@ -41,10 +41,15 @@ def paired_difference(values: list[float], baseline: list[float], confidence: fl
         raise ValueError("a paired interval needs at least two pairs")
     diffs = [a - b for a, b in zip(values, baseline, strict=True)]
     n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
-    critical = scipy_stats.t.ppf(0.5 + confidence / 2, n - 1)
     se = sd / math.sqrt(n)
     p_value = 1.0 if se == 0 and mean == 0 else (0.0 if se == 0 else 2 * scipy_stats.t.sf(abs(mean) / se, n - 1))
-    return PairedDifference(n, mean, sd, float(critical * se), float(p_value), confidence)
+    return PairedDifference(n, mean, sd, half_width(sd, n, confidence), float(p_value), confidence)
+
+
+def half_width(sd: float, n: int, confidence: float = 0.95) -> float:
+    """The half-width of the two-sided t interval of a mean over ``n`` pairs whose sd is ``sd``: t(1 - alpha/2,
+    n - 1) x sd / sqrt(n); with the sd of fewer pairs, what ``n`` pairs project."""
+    return float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
 
 
 @dataclass(frozen=True)
