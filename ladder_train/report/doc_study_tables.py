@@ -42,6 +42,9 @@ STUDY_UNIGRAM = Path("docs/results/study_small/unigram.json")
 # plus standard's and the ladder's seeds 3-12 (issue 42: eleven pairs for the one comparison with a signal, and
 # under the protocol's amendment two more, as the eleven pairs' half-width came out above 0.015)
 STUDY_SEED_RUNS = 3 * 5 + 10 * 2
+# the extension's planned ends (results.md's protocol, step 2): eleven ladder − standard pairs, thirteen under its
+# amendment; the pairs table projects the half-width at each
+STUDY_PAIRS_PLANNED = (11, 13)
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
@@ -305,13 +308,13 @@ def study_ladder_pairs(root: Path) -> str:
         f"\n\nValidation loss (nats/byte) at step 2,200, both layouts at their chosen rate, from `{STUDY_SEEDS}`; "
         "each row's last seven columns are the paired t figures of the pairs up to it (the seeds table's at the "
         f"last row); Holm p adjusts over the seeds table's {len(others) + 1} validation-loss comparisons, the "
-        "others at their three pairs. Val steps ladder above: the validation steps (every 250) at which the "
-        "ladder's loss exceeds standard's. Finished: the later run's last metrics row (rows written before "
+        "others' p as that table has them. Val steps ladder above: the validation steps at which the ladder's "
+        "loss exceeds standard's. Finished: the later run's last metrics row (rows written before "
         "2026-11-27 carry no time: —)."
     )
     if len(ladder) > 1:
         sd = statistics.stdev([a - b for a, b in zip(ladder, standard, strict=True)])
-        projected = ", ".join(f"{m} pairs {half_width(sd, m):.4f}" for m in (11, 13) if m > len(ladder))
+        projected = ", ".join(f"{m} pairs {half_width(sd, m):.4f}" for m in STUDY_PAIRS_PLANNED if m > len(ladder))
         if projected:
             text += f" At the last row's pair sd ({sd:.4f}) the projected half-width is: {projected}."
     return text + "\n"
