@@ -118,4 +118,10 @@ def test_a_second_study_folder_adds_the_desync_arms_to_the_chart(tmp_path):
     report = write_report([seeds, desync], tmp_path / "out", predictions=PREDICTIONS).read_text()
     section = report.split("## Layouts: quality, communication, predicted speed\n", 1)[1].split("\n## ", 1)[0]
     # desync-4 of the tiny preset's 2 layers: only the last module (layer 1's MLP) reduces -> 0.5 per layer
-    assert "| desync-4 | 2 | +0.2000 | [+0.2000, +0.2000] | 0.5 | 1.62x | 2.06x |" in section  # both pairs +0.2: sd 0
+    # two pairs: a mean, no interval (the desync seeds table's rule too); a third pair gives it one
+    assert "| desync-4 | 2 | +0.2000 | — | 0.5 | 1.62x | 2.06x |" in section
+    fabricate_run(seeds, "standard_s2", "standard", 2.5, ["run.seed=2"], summary={})
+    overrides = ["model.desync_tp=2", "model.desync_reduce_every=4", "run.seed=2"]
+    fabricate_run(desync, "desync4_s2", "desync", 2.7, overrides, summary={})
+    report = write_report([seeds, desync], tmp_path / "out3", predictions=PREDICTIONS).read_text()
+    assert "| desync-4 | 3 | +0.2000 | [+0.2000, +0.2000] | 0.5 | 1.62x | 2.06x |" in report  # all pairs +0.2: sd 0

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..option_errors import desync_every, layout_name
 from ..paper import PRETRAINING
 from ..study import (
+    PAIRS_FOR_AN_INTERVAL,
     compare_groups,
     default_baseline,
     final_val_loss,
@@ -251,7 +252,7 @@ def study_ladder_rate(root: Path) -> str:
     if pairs > 1:
         gaps = (paired_difference(olds, bases), paired_difference(news, bases), paired_difference(news, olds))
         rows.append(["mean", "", "", "", *(f"{gap.mean:+.4f}" for gap in gaps)])
-    if pairs > 2:
+    if pairs >= PAIRS_FOR_AN_INTERVAL:
         rows.append(["95 % t interval", "", "", "", *map(_interval, gaps)])
     header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
     header.append("ladder 4e-3 − 8e-3")
@@ -259,7 +260,7 @@ def study_ladder_rate(root: Path) -> str:
         markdown_table(header, rows)
         + f"\n\nValidation loss (nats/byte) at step 2,200, one run per cell; the ladder at 4e-3 from `{STUDY_HORIZON}` "
         f"(seed 0) and `{STUDY_LADDER_4E3}`, the 8e-3 runs from `{STUDY_SEEDS}`; {pairs} pair(s) by seed"
-        + (": no interval before three.\n" if pairs < 3 else " (paired t, as the seeds table).\n")
+        + (": no interval before three.\n" if pairs < PAIRS_FOR_AN_INTERVAL else " (paired t, as the seeds table).\n")
     )
 
 
@@ -363,7 +364,7 @@ def study_desync_seeds(root: Path) -> str:
     blank = [""] * (1 + len(names))
     if differences:
         rows.append(["mean", *blank, *(f"{differences[n].mean:+.4f}" if n in differences else "" for n in names)])
-    tested = [name for name in names if name in differences and differences[name].n > 2]
+    tested = [name for name in names if name in differences and differences[name].n >= PAIRS_FOR_AN_INTERVAL]
     if tested:
         adjusted = dict(zip(tested, holm([differences[name].p_value for name in tested]), strict=True))
         rows.append(["95 % t interval", *blank, *(_interval(differences[n]) if n in tested else "" for n in names)])

@@ -1,7 +1,7 @@
 """Every layout of the layout study on one chart (issue 43): quality against communication and predicted speed.
 
 Quality: a layout's paired difference of the final validation loss to the baseline (standard at the study's depth),
-mean over the seeds with its 95 % t interval, from the committed seed runs. Communication: the all-reduces one token
+mean over the seeds with its 95 % t interval (from three pairs), from the committed seed runs. Communication: the all-reduces one token
 makes per layer under tensor parallelism (standard 2; parallel 1; the ladder 2, each hidden behind the next module;
 desync-K 2/K). Speed: ladder-predict's PREDICTED decode speedup over standard of the same layout at the paper's
 1.2B shape, from committed prediction rows (never measured here). The study's controls (other depths) are left out.
@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..option_errors import layout_name
 from ..plots import new_figure, save_figure
-from ..study import Group, compare_groups
+from ..study import PAIRS_FOR_AN_INTERVAL, Group, compare_groups
 from .runs import loss_unit
 from .tables import markdown_table
 
@@ -28,7 +28,7 @@ class LayoutPoint:
     layout: str  # standard | parallel | ladder | desync-K
     pairs: int
     difference: float  # paired difference of the final validation loss to the baseline (0 for the baseline)
-    interval: tuple[float, float] | None  # its 95 % t interval (None for the baseline or a single pair)
+    interval: tuple[float, float] | None  # its 95 % t interval (None for the baseline and below PAIRS_FOR_AN_INTERVAL)
     all_reduces_per_layer: float
     overlapped: bool  # the ladder's all-reduces run behind the next module
 
@@ -59,7 +59,7 @@ def layout_points(groups: list[Group], baseline: Group) -> list[LayoutPoint]:
         diff = row.difference
         if diff is None and row.group is not baseline:
             continue  # fewer than two seeds shared with the baseline: no paired difference to place
-        interval = None if diff is None or diff.n < 2 else (diff.low, diff.high)
+        interval = None if diff is None or diff.n < PAIRS_FOR_AN_INTERVAL else (diff.low, diff.high)
         pairs = len(row.group.runs) if diff is None else diff.n
         mean = 0.0 if diff is None else diff.mean
         reduces = all_reduces_per_layer(model)
@@ -95,7 +95,7 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
     header += [f"predicted decode speedup, {link}" for link in links]
     rows = []
     for point in points:
-        interval = "—" if point.interval is None else f"[{point.interval[0]:+.4f}, {point.interval[1]:+.4f}]"
+        interval = f"[{point.interval[0]:+.4f}, {point.interval[1]:+.4f}]" if point.interval else "—"
         hidden = " (hidden)" if point.overlapped else ""
         cells = [point.layout, str(point.pairs), f"{point.difference:+.4f}", interval]
         cells.append(f"{point.all_reduces_per_layer:g}{hidden}")
@@ -108,7 +108,8 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
     return [
         f"Paired difference of the final validation loss to {baseline.label} (as above); all-reduces per token and "
         "layer under tensor parallelism (the ladder's run behind the next module); the decode speedup over standard "
-        f"is PREDICTED by ladder-predict ({predictions}: {setting}), not measured.",
+        f"is PREDICTED by ladder-predict ({predictions}: {setting}), not measured. A layout needs two pairs for a point, "
+        f"{PAIRS_FOR_AN_INTERVAL} for an interval.",
         "",
         markdown_table(header, rows),
         "",
@@ -118,12 +119,18 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
 
 def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_setting: str, unit: str) -> Path:
     fig, ax = new_figure(8, 4.8)
+    sharing = {}  # layouts with the same communication (parallel and desync-2: one all-reduce) stand side by side
+    for point in points:
+        sharing.setdefault(point.all_reduces_per_layer, []).append(point)
     for i, point in enumerate(points):
         color = f"C{i}"
+        same_x = sharing[point.all_reduces_per_layer]
+        rank = same_x.index(point)
+        x = point.all_reduces_per_layer + 0.05 * (rank - (len(same_x) - 1) / 2)
         if point.interval is not None:
             low, high = point.interval
             ax.errorbar(
-                point.all_reduces_per_layer,
+                x,
                 point.difference,
                 yerr=[[point.difference - low], [high - point.difference]],
                 fmt="none",
@@ -131,7 +138,7 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
                 capsize=4,
             )
         ax.plot(
-            point.all_reduces_per_layer,
+            x,
             point.difference,
             "o",
             color=color,
@@ -144,9 +151,9 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
         if note:
             ax.annotate(
                 note,
-                (point.all_reduces_per_layer, point.difference),
+                (x, point.difference),
                 textcoords="offset points",
-                xytext=(8, 6),
+                xytext=(8, 6 - 14 * rank),  # one label under the other where points share an x
                 fontsize=7,
                 color=color,
             )

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from scipy import stats as scipy_stats
 
+# the fewest pairs whose t interval a table or chart shows: two pairs' spans t(0.975, 1) = 12.7 sd/sqrt(2), true
+# but wide enough to hide every other layout's interval beside it; their mean is shown
+PAIRS_FOR_AN_INTERVAL = 3
+
 
 @dataclass(frozen=True)
 class PairedDifference:
