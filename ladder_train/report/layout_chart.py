@@ -1,9 +1,9 @@
 """Every layout of the layout study on one chart (issue 43): quality against communication and predicted speed.
 
 Quality: a layout's paired difference of the final validation loss to the baseline (standard at the study's depth),
-mean over the seeds with its 95 % t interval (from three pairs), from the committed seed runs. Communication: the all-reduces one token
-makes per layer under tensor parallelism (standard 2; parallel 1; the ladder 2, each hidden behind the next module;
-desync-K 2/K). Speed: ladder-predict's PREDICTED decode speedup over standard of the same layout at the paper's
+mean over the seeds with its 95 % t interval (from PAIRS_FOR_AN_INTERVAL pairs), from the committed seed runs.
+Communication: the all-reduces one token makes per layer under tensor parallelism (standard 2; parallel 1; the ladder
+2, each hidden behind the next module; desync-K 2/K). Speed: ladder-predict's PREDICTED decode speedup over standard of the same layout at the paper's
 1.2B shape, from committed prediction rows (never measured here). The study's controls (other depths) are left out.
 
     ladder-report docs/results/study_small/seeds --predictions docs/results/predict/layouts_1.2B_tp8.jsonl ...
@@ -108,7 +108,7 @@ def layout_section(groups: list[Group], baseline: Group, predictions: Path, out:
     return [
         f"Paired difference of the final validation loss to {baseline.label} (as above); all-reduces per token and "
         "layer under tensor parallelism (the ladder's run behind the next module); the decode speedup over standard "
-        f"is PREDICTED by ladder-predict ({predictions}: {setting}), not measured. A layout needs two pairs for a point, "
+        f"is PREDICTED by ladder-predict ({predictions}: {setting}), not measured. A layout needs 2 pairs for a point, "
         f"{PAIRS_FOR_AN_INTERVAL} for an interval.",
         "",
         markdown_table(header, rows),
