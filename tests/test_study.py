@@ -393,6 +393,12 @@ def test_paired_validation_curves_hold_the_paired_interval_at_every_validation(s
         lo == pytest.approx(-0.6128, abs=1e-4) and hi == pytest.approx(0.1461, abs=1e-4) for lo, hi in ladder.intervals
     )
     assert [round(d[-1], 4) for d in ladder.per_seed] == [-0.1, -0.2, -0.4]
+    # two pairs give the mean and each pair, no band: t(0.975, 1) = 12.7 would draw one over the whole chart
+    ladder_runs = next(group for group in seeded if group.label == "ladder").runs
+    two = groups.Group(label="ladder", runs=[run for run in ladder_runs if run.seed < 2])
+    (curve,) = paired_validation_curves([base, two], base)
+    assert curve.pairs == 2 and curve.intervals is None
+    assert all(m == pytest.approx(-0.15, abs=1e-4) for m in curve.means)
 
 
 def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one(study_dir, tmp_path, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..plots import new_figure, save_figure
 from ..study import (
+    PAIRS_FOR_AN_INTERVAL,
     Group,
     Sweep,
     compare_groups,
@@ -159,7 +160,7 @@ class PairedCurve:
     pairs: int
     tokens: list[float]
     means: list[float]
-    intervals: list[tuple[float, float]] | None  # 95 % t interval per point, from two pairs on
+    intervals: list[tuple[float, float]] | None  # 95 % t interval per point, from PAIRS_FOR_AN_INTERVAL pairs on
     per_seed: list[list[float]]  # each pair's own difference at those tokens
 
 
@@ -178,6 +179,8 @@ def paired_validation_curves(groups: list[Group], baseline: Group) -> list[Paire
         if len(runs) >= 2:
             paired = [paired_difference([diffs[t] for diffs in per_seed], [0.0] * len(runs)) for t in tokens]
             means, intervals = [d.mean for d in paired], [(d.low, d.high) for d in paired]
+            if len(runs) < PAIRS_FOR_AN_INTERVAL:  # two pairs' band (t(0.975, 1) = 12.7) would hide every other
+                intervals = None
         else:
             means, intervals = [per_seed[0][t] for t in tokens], None
         each = [[diffs[t] for t in tokens] for diffs in per_seed]
@@ -204,7 +207,8 @@ def plot_paired_validation(groups: list[Group], baseline: Group, out: Path, reso
         fig,
         ax,
         out / "paired_validation.png",
-        title=f"Validation loss minus {baseline.label}'s, seed by seed\n(band: 95 % t interval of the mean; thin lines: each pair)",
+        title=f"Validation loss minus {baseline.label}'s, seed by seed\n(band: 95 % t interval of the mean, "
+        f"from {PAIRS_FOR_AN_INTERVAL} pairs; thin lines: each pair)",
         xlabel="tokens",
         ylabel=f"paired difference ({loss_unit([run for group in groups for run in group.runs])})",
         legend_size=8,
