@@ -122,6 +122,7 @@ def test_a_second_study_folder_adds_the_desync_arms_to_the_chart(tmp_path):
     assert "| desync-4 | 2 | +0.2000 | — | 0.5 | 1.62x | 2.06x |" in section
     fabricate_run(seeds, "standard_s2", "standard", 2.5, ["run.seed=2"], summary={})
     overrides = ["model.desync_tp=2", "model.desync_reduce_every=4", "run.seed=2"]
-    fabricate_run(desync, "desync4_s2", "desync", 2.7, overrides, summary={})
+    fabricate_run(desync, "desync4_s2", "desync", 3.0, overrides, summary={})
     report = write_report([seeds, desync], tmp_path / "out3", predictions=PREDICTIONS).read_text()
-    assert "| desync-4 | 3 | +0.2000 | [+0.2000, +0.2000] | 0.5 | 1.62x | 2.06x |" in report  # all pairs +0.2: sd 0
+    # pairs +0.2, +0.2, +0.5: mean 0.3, sd sqrt(0.03) = 0.1732, half-width t(0.975, 2) 4.3027 x 0.1732 / sqrt(3) = 0.4303
+    assert "| desync-4 | 3 | +0.3000 | [-0.1303, +0.7303] | 0.5 | 1.62x | 2.06x |" in report
