@@ -149,11 +149,13 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
         predicted = speedups.get(point.layout, {})
         note = " / ".join(f"{v:.2f}x {link}" for link, v in sorted(predicted.items()))
         if note:
+            left = rank < (len(same_x) - 1) / 2  # the left one of a side-by-side pair: its label clear of the other
             ax.annotate(
                 note,
                 (x, point.difference),
                 textcoords="offset points",
-                xytext=(8, 6 - 14 * rank),  # one label under the other where points share an x
+                xytext=(-8 if left else 8, 6),
+                ha="right" if left else "left",
                 fontsize=7,
                 color=color,
             )
