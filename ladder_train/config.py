@@ -73,6 +73,9 @@ class DataConfig:
     seq_len: int = bounded(2048, lambda v: v >= 1, "at least 1")
     # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
     num_workers: int = bounded(2, lambda v: v >= 0, ">= 0 (0 = tokenize in the trainer)")
+    # seconds the trainer waits for a worker's next batch before stopping with an error: a stuck worker (one
+    # deadlocked at its fork, say) then ends the run for a restart instead of idling it; 0 = wait forever
+    worker_timeout_s: int = bounded(600, lambda v: v >= 0, ">= 0 (0 = wait forever)")
     # documents are shuffled in consecutive blocks of this many (per loader worker, seeded by run.seed and the
     # epoch; resumes exactly); 0 = file order
     shuffle_buffer: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = no shuffling)")

@@ -236,6 +236,33 @@ def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp
             assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_stuck_worker_is_a_one_line_error_after_the_timeout(tmp_path, monkeypatch, resumed):
+    import time
+
+    from ladder_train.data import loader as loader_module
+
+    write_jsonl(tmp_path / "a.jsonl", [f"document {i}: " + "abc" * 9 for i in range(6)])
+    cfg = DataConfig(source=str(tmp_path / "a.jsonl"), tokenizer="byte", seq_len=15, worker_timeout_s=2)
+    state = None
+    if resumed:  # a resumed iterator already waits for its workers when it starts (the CI hang of 2026-11-28)
+        first = build_dataloader(cfg, byte_tokenizer(), batch_size=2, num_workers=1)
+        next(iter(first))
+        state = first.state_dict()
+        first.close()
+    # as a worker deadlocked at its fork (a lock another thread of the trainer held): no batch, no signal handler
+    monkeypatch.setattr(loader_module, "_init_worker", lambda worker_id, trainer_pid: time.sleep(600))
+    loader = build_dataloader(cfg, byte_tokenizer(), batch_size=2, num_workers=1)
+    if state is not None:
+        loader.load_state_dict(state)
+    with pytest.raises(DataError) as err:
+        next(iter(loader))
+    assert str(err.value) == (
+        "data: a loader worker gave no batch in 2 s (data.worker_timeout_s): it is stuck, so the run stops for a "
+        "restart from its last checkpoint"
+    )
+
+
 def test_shuffle_is_seeded_and_a_resume_under_another_shuffle_is_refused(tmp_path):
     tok = byte_tokenizer()
     texts = [f"doc {i:02d} " + "xy" * (i % 5) for i in range(40)]

@@ -345,3 +345,39 @@ def test_a_killed_tp_benchmark_takes_its_ranks_with_it(tmp_path, launcher):
         for pid in under:
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# the trainer with its loader worker stuck before it starts, as one deadlocked at its fork (CI, 2026-11-28: a lock
+# another thread of the trainer held at the fork; the rank waited on it for ever)
+_STUCK_WORKER = """
+import runpy, sys, time
+import ladder_train.data.loader as loader
+loader._init_worker = lambda worker_id, trainer_pid: time.sleep(600)
+sys.argv = ["ladder_train.train", *sys.argv[1:]]
+runpy.run_module("ladder_train.train", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_stuck_loader_worker_stops_the_run_in_one_line_and_does_not_outlive_it(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-c", _STUCK_WORKER, "--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}"]
+    cmd += ["train.max_steps=3", "data.num_workers=1", "data.worker_timeout_s=3"]
+    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "ladder-train: error: data: a loader worker gave no batch in 3 s (data.worker_timeout_s): it is stuck, so "
+        "the run stops for a restart from its last checkpoint"
+    )
+    # a forked worker keeps its trainer's command line: none may be left once the trainer has exited
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _command_holds(p, str(run_dir))]
+    assert not [p for p in left if _running(int(p.name))], left
+
+
+def _command_holds(proc: Path, text: str) -> bool:
+    try:
+        return text in (proc / "cmdline").read_bytes().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False

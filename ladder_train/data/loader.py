@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -83,7 +84,7 @@ class PackedDataLoader(StatefulDataLoader):
         return self._position
 
     def __iter__(self):
-        return _one_line_errors(super().__iter__())
+        return _one_line_errors(functools.partial(StatefulDataLoader.__iter__, self), self.timeout)
 
     def close(self) -> None:
         """Stop the worker processes now (not at garbage collection, which an exception can delay to exit)."""
@@ -98,11 +99,15 @@ class PackedDataLoader(StatefulDataLoader):
         return max(_epochs(super().state_dict()), default=0)
 
 
-def _one_line_errors(batches):
-    """The batches; a DataError raised in a worker arrives wrapped in the worker's traceback (torch re-raises
-    it with that text as the message): keep its own one line."""
+def _one_line_errors(start: Callable[[], Iterator], timeout: float):
+    """The batches of ``start()``; a DataError raised in a worker arrives wrapped in the worker's traceback (torch
+    re-raises it with that text as the message): keep its own one line. A worker past data.worker_timeout_s is one
+    line too, also where ``start()`` already waits for the workers (a resumed iterator replays to its position)."""
+    batches = None
     while True:
         try:
+            if batches is None:
+                batches = start()
             batch = next(batches)
         except StopIteration:
             return
@@ -112,6 +117,13 @@ def _one_line_errors(batches):
                 raise
             last = [line for line in message.splitlines() if line.strip()][-1]
             raise DataError(last.split("DataError: ", 1)[-1]) from None
+        except RuntimeError as err:
+            if timeout and str(err).startswith("DataLoader timed out"):
+                raise DataError(
+                    f"data: a loader worker gave no batch in {timeout:g} s (data.worker_timeout_s): it is stuck, "
+                    "so the run stops for a restart from its last checkpoint"
+                ) from None
+            raise
         yield batch
 
 
@@ -253,7 +265,8 @@ def _stream_loader(
         "shuffle_buffer": shuffle_buffer,
         "format": data_cfg.format,
     }
-    return _loader(windows, batch_size, num_workers, fingerprint)
+    timeout = data_cfg.worker_timeout_s if num_workers > 0 else 0  # torch's in-process path takes none
+    return _loader(windows, batch_size, num_workers, fingerprint, timeout)
 
 
 def _check_request(data_cfg: DataConfig, batch_size: int, dp_rank: int, dp_world_size: int) -> None:
@@ -276,7 +289,9 @@ def _conversation_encoder(data_cfg: DataConfig, tokenizer: Tokenizer) -> tuple[C
     return encoder, CHAT_COLUMN
 
 
-def _loader(windows: PackedWindows, batch_size: int, num_workers: int, fingerprint: dict) -> PackedDataLoader:
+def _loader(
+    windows: PackedWindows, batch_size: int, num_workers: int, fingerprint: dict, timeout: float = 0
+) -> PackedDataLoader:
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API that torch 2.13 deprecated; nothing to act on
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
         return PackedDataLoader(
@@ -284,6 +299,7 @@ def _loader(windows: PackedWindows, batch_size: int, num_workers: int, fingerpri
             batch_size=batch_size,
             collate_fn=collate_windows,
             num_workers=num_workers,
+            timeout=timeout,
             worker_init_fn=functools.partial(_init_worker, trainer_pid=os.getpid()) if num_workers > 0 else None,
             pin_memory=torch.cuda.is_available(),
             drop_last=True,
