@@ -137,6 +137,10 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
                 ecolor=color,
                 capsize=4,
             )
+        # the predicted speedups go in the legend: beside the points they crossed a neighbour's bar or marker
+        predicted = speedups.get(point.layout, {})
+        note = " / ".join(f"{v:.2f}x {link}" for link, v in sorted(predicted.items()))
+        label = f"{point.layout} (n={point.pairs})" + (": all-reduces hidden" if point.overlapped else "")
         ax.plot(
             x,
             point.difference,
@@ -144,21 +148,8 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
             color=color,
             markerfacecolor="white" if point.overlapped else color,
             markersize=9,
-            label=f"{point.layout} (n={point.pairs})" + (": all-reduces hidden" if point.overlapped else ""),
+            label=label + (f"; {note}" if note else ""),
         )
-        predicted = speedups.get(point.layout, {})
-        note = " / ".join(f"{v:.2f}x {link}" for link, v in sorted(predicted.items()))
-        if note:
-            left = rank < (len(same_x) - 1) / 2  # the left one of a side-by-side pair: its label clear of the other
-            ax.annotate(
-                note,
-                (x, point.difference),
-                textcoords="offset points",
-                xytext=(-8 if left else 8, 6),
-                ha="right" if left else "left",
-                fontsize=7,
-                color=color,
-            )
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xlim(0, 2.4)
     return save_figure(
@@ -166,7 +157,7 @@ def plot_layouts(points: list[LayoutPoint], speedups: dict, out: Path, title_set
         ax,
         out,
         title="Layouts: quality against communication\n"
-        f"(labels: PREDICTED decode speedup over standard, {title_setting})",
+        f"(legend: PREDICTED decode speedup vs standard, {title_setting})",
         xlabel="all-reduces per token and layer under tensor parallelism",
         ylabel=f"validation loss − standard's, paired ({unit}, 95 % t interval)",
         legend_size=8,
