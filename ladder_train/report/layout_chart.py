@@ -3,8 +3,9 @@
 Quality: a layout's paired difference of the final validation loss to the baseline (standard at the study's depth),
 mean over the seeds with its 95 % t interval (from PAIRS_FOR_AN_INTERVAL pairs), from the committed seed runs.
 Communication: the all-reduces one token makes per layer under tensor parallelism (standard 2; parallel 1; the ladder
-2, each hidden behind the next module; desync-K 2/K). Speed: ladder-predict's PREDICTED decode speedup over standard of the same layout at the paper's
-1.2B shape, from committed prediction rows (never measured here). The study's controls (other depths) are left out.
+2, each hidden behind the next module; desync-K 2/K). Speed: ladder-predict's PREDICTED decode speedup over standard
+of the same layout at the paper's 1.2B shape, from committed prediction rows (never measured here), in the legend.
+The study's controls (other depths) are left out.
 
     ladder-report docs/results/study_small/seeds --predictions docs/results/predict/layouts_1.2B_tp8.jsonl ...
 """

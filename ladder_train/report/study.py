@@ -178,9 +178,10 @@ def paired_validation_curves(groups: list[Group], baseline: Group) -> list[Paire
         tokens = sorted(set.intersection(*(set(diffs) for diffs in per_seed)))
         if len(runs) >= 2:
             paired = [paired_difference([diffs[t] for diffs in per_seed], [0.0] * len(runs)) for t in tokens]
-            means, intervals = [d.mean for d in paired], [(d.low, d.high) for d in paired]
-            if len(runs) < PAIRS_FOR_AN_INTERVAL:  # two pairs' band (t(0.975, 1) = 12.7) would hide every other
-                intervals = None
+            means = [d.mean for d in paired]
+            # two pairs' band (t(0.975, 1) = 12.7) would hide every other curve: their mean and each pair only
+            enough = len(runs) >= PAIRS_FOR_AN_INTERVAL
+            intervals = [(d.low, d.high) for d in paired] if enough else None
         else:
             means, intervals = [per_seed[0][t] for t in tokens], None
         each = [[diffs[t] for t in tokens] for diffs in per_seed]
