@@ -115,6 +115,11 @@ def _check_training(cfg) -> None:
         raise ConfigError(
             f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}"
         )
+    if cfg.parallel.compile_wrapper != "python" and not cfg.parallel.compile:
+        raise ConfigError(
+            f"key 'parallel.compile_wrapper'={cfg.parallel.compile_wrapper} needs parallel.compile=true: "
+            "it is the host code of compiled blocks"
+        )
     if t.micro_batch_size <= 0 or t.global_batch_size <= 0:
         raise ConfigError("keys 'train.global_batch_size' and 'train.micro_batch_size' must be positive")
     if t.global_batch_size % t.micro_batch_size:

@@ -75,6 +75,8 @@ def test_heads_not_dividing_hidden_size():
         ("data.seq_len=4096", r"'data.seq_len'=4096 exceeds model.max_seq_len=2048"),
         ("model.n_kv_heads=5", r"'model.n_kv_heads'=5 must be positive and divide"),
         ("nonsense", r"not of the form key=value"),
+        ("parallel.compile_wrapper=cpp", r"^key 'parallel.compile_wrapper'=cpp needs parallel.compile=true: it is"),
+        ("parallel.compile_wrapper=rust", r"'parallel.compile_wrapper' must be one of python, cpp, got 'rust'"),
     ],
 )
 def test_impossible_values(override, pattern):

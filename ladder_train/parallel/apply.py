@@ -56,13 +56,16 @@ COMPILE_BACKEND_ENV = "LADDER_COMPILE_BACKEND"
 DEFAULT_COMPILE_BACKEND = "inductor"
 
 
-def apply_compile(model: Transformer, backend: str | None = None) -> None:
+def apply_compile(model: Transformer, backend: str | None = None, wrapper: str = "python") -> None:
     """Compile each block on its own; blocks of one kind share one graph (a ladder's first block, which has
     no pending outputs, and blocks with or without a checkpoint wrapper are the other kinds). FSDP's hooks
-    are marked dynamo-disabled and stay outside the graph: no block breaks or recompiles for its sharding."""
+    are marked dynamo-disabled and stay outside the graph: no block breaks or recompiles for its sharding.
+    ``wrapper`` (parallel.compile_wrapper) is the language of inductor's host code around the kernels; the
+    other backends generate none."""
     backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or DEFAULT_COMPILE_BACKEND
+    options = {"cpp_wrapper": True} if backend == "inductor" and wrapper == "cpp" else None
     for block in model.layers:
-        block.compile(backend=backend)
+        block.compile(backend=backend, options=options)
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
@@ -98,7 +101,7 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -
 def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param_dtype: torch.dtype) -> Transformer:
     apply_activation_checkpointing(model, cfg.activation_checkpoint, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model)
+        apply_compile(model, wrapper=cfg.compile_wrapper)
     # one fp32 process has nothing to shard, reduce or cast: FSDP would only add copies per step
     if mesh.size() > 1 or param_dtype != torch.float32:
         apply_fsdp(model, mesh, param_dtype)
