@@ -209,7 +209,23 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     _, measured, by_name = check.build_parts(plan)
     assert all("parallel.accumulate=sharded" in p.argv for p in measured if p.kind == "train")
     assert all("parallel.accumulate=sharded" in p.argv for p in by_name.values())
-    for bad in (["--micro", "3"], ["--layouts", "standard,wide"], ["--steps", "5", "--skip", "5"], ["--set", "x"]):
+    # --compile-wrappers python,cpp: each training run twice in a row, the second with C++ host code; plans of both
+    args = check.parse_args(["--out", str(tmp_path), "--layouts", "standard", "--compile-wrappers", "python,cpp"])
+    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    _, measured, by_name = check.build_parts(plan)
+    trains = [p for p in measured if p.kind == "train"]
+    assert [p.name for p in trains] == ["train-standard-mb2", "train-standard-mb2-cpp"]
+    assert [check.last_override(p.argv, "parallel.compile_wrapper") for p in trains] == [None, "cpp"]
+    assert by_name["train-standard-mb2-cpp"].argv[:-3] == trains[1].argv
+    for bad in (
+        ["--micro", "3"],
+        ["--layouts", "standard,wide"],
+        ["--steps", "5", "--skip", "5"],
+        ["--set", "x"],
+        ["--compile-wrappers", "cpp,cpp"],
+        ["--compile-wrappers", "java"],
+        ["--tiny", "--compile-wrappers", "python,cpp"],
+    ):
         with pytest.raises(SystemExit):
             check.parse_args(["--out", str(tmp_path), *bad])
 

@@ -51,6 +51,13 @@ def _table(path: str, kinds: tuple[str, ...], header: list[str], line, note) -> 
     return make
 
 
+def _mode(row: dict) -> str:
+    """eager, or compiled with inductor's host code in Python (rows before parallel.compile_wrapper too) or C++."""
+    if not row["compiled"]:
+        return "eager"
+    return "compiled" if row.get("compile_wrapper", "python") == "python" else "compiled, C++ host code"
+
+
 def _training_line(r: dict, _) -> list[str]:
     error = r.get("plan_rel_error")
     return [
@@ -58,7 +65,7 @@ def _training_line(r: dict, _) -> list[str]:
         r["layout"],
         str(r["micro_batch"]),
         r.get("plan_accumulation") or "-",
-        "compiled" if r["compiled"] else "eager",
+        _mode(r),
         f"{r['measured_steps'][0]}–{r['measured_steps'][1]}",
         _tokens(r),
         f"{100 * r['mfu_median']:.1f} %",
