@@ -169,10 +169,7 @@ class ParallelConfig:
     activation_checkpoint: str = choice("none", ("none", "full", "every_n", "selective"))
     ac_every: int = bounded(2, lambda v: v >= 1, "at least 1")
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
-    # the host code inductor writes around a compiled block's kernels, which runs at every block call: python, or
-    # cpp (inductor's cpp_wrapper: C++ calls the kernels without the interpreter, for steps the host bounds, as
-    # micro-batch 2 at 1.2B on an H100). Needs compile: true
-    compile_wrapper: str = choice("python", ("python", "cpp"))
+    compile_wrapper: str = choice("python", ("python", "cpp"))  # compiled blocks' host code; cpp: C++, no interpreter
     # gradient accumulation over a step's micro-batches: unsharded = the blocks' parameters stay gathered and the
     # gradients are reduced once per optimizer step (one all-gather and one reduce-scatter per block per step; the
     # unsharded compute-dtype parameters and fp32 gradients must fit); sharded = FSDP's gather/reduce cycle on every

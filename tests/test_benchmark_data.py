@@ -437,3 +437,49 @@ def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(
         spread_of(predicted, ".1f"),
         spread_of([r["decode_ms_per_token"] for r in ladder], ".1f"),
     ]
+
+
+@pytest.mark.slow
+def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
+    """Two settings side by side, eager so that nothing is generated: FSDP's two accumulation modes (bf16, one
+    process). The default pair, parallel.compile_wrapper python against cpp, is the same loop compiled."""
+    out = tmp_path / bench_tables.COMPILE_WRAPPER
+    variants = ["--a", "parallel.accumulate=unsharded", "--b", "parallel.accumulate=sharded"]
+    args = ["--steps", "4", "--rounds", "2", *variants, "--out", str(out), *TINY, "parallel.compile=false"]
+    args.append("train.dtype=bf16")  # FSDP's: one fp32 process would train without it
+    done = run_module(tmp_path, "benchmarks.train_ab", args)
+    rows = read(out)
+    assert [(r["round"], r["variant"]) for r in rows] == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    assert all(CONTEXT - {"repeat"} | {"tokens_per_s", "seconds", "variants", "model"} <= set(r) for r in rows)
+    assert rows[0]["variants"] == {"a": ["parallel.accumulate=unsharded"], "b": ["parallel.accumulate=sharded"]}
+    assert {(r["steps"], r["timed_steps"], r["block_calls_per_step"], r["dtype"]) for r in rows} == {
+        (4, 2, 1, "bfloat16")
+    }
+    for r in rows:  # the trainer's figure over the timed steps, and a step's share per block call
+        assert r["seconds"] == pytest.approx(2 * r["tokens_per_step"] / r["tokens_per_s"])
+        assert r["step_ms_per_block_call"] == pytest.approx(1e3 * r["seconds"] / 2)
+    ratios = [rows[i + 1]["tokens_per_s"] / rows[i]["tokens_per_s"] for i in (0, 2)]
+    assert f"b / a tokens/s within each pair: median {statistics.median(ratios):.3f}" in done.stdout
+
+    table = TABLES["compile-wrapper"](tmp_path)
+    assert table_row(table, "a: `parallel.accumulate=unsharded`")[1:] == [
+        spread_of([r["step_ms_per_block_call"] for r in rows[::2]], ".3f"),
+        spread_of([r["tokens_per_s"] for r in rows[::2]], ",.0f"),
+        "1.000",
+    ]
+    assert table_row(table, "b: `parallel.accumulate=sharded`")[-1] == spread_of(ratios, ".3f")
+    assert "2 alternating pairs of rounds" in table and "over its last 2 of 4 steps" in table
+
+
+def test_train_ab_refuses_a_round_too_short_to_time_and_a_bad_key_before_training(capsys, monkeypatch):
+    from benchmarks import train_ab
+
+    monkeypatch.setattr(train_ab, "init_distributed", lambda: pytest.fail("a trainer was started"))
+    with pytest.raises(SystemExit):
+        train_ab.main(["--steps", "3"])
+    assert "--steps 3: a round times its second half, so it needs at least 4 steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        train_ab.main(["--b", "parallel.compile_wrapper=rust"])
+    assert str(exit_.value) == (
+        "benchmarks.train_ab: key 'parallel.compile_wrapper' must be one of python, cpp, got 'rust'"
+    )

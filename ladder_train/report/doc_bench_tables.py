@@ -18,6 +18,7 @@ from .tables import markdown_table
 DATA_PIPELINE = "docs/results/data_pipeline/cpu.jsonl"  # python -m benchmarks.data_loader --out
 TRAINER_OVERHEAD = "docs/results/trainer_overhead/cpu.jsonl"  # python -m benchmarks.train_step --out
 CHECKPOINT = "docs/results/checkpoint/cpu.jsonl"  # python -m benchmarks.checkpoint_stall --out
+COMPILE_WRAPPER = "docs/results/compile_wrapper/cpu.jsonl"  # python -m benchmarks.train_ab --out
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -149,6 +150,43 @@ def trainer_overhead(rows: list[dict], path: str = TRAINER_OVERHEAD) -> str:
     )
 
 
+def pair_ratios(rows: list[dict]) -> list[float]:
+    """benchmarks/train_ab.py's rows: variant b's tokens/s over a's within each alternating pair of rounds."""
+    rate = {(r["invocation"], r["round"], r["variant"]): r["tokens_per_s"] for r in rows}
+    return [rate[i, p, "b"] / rate[i, p, "a"] for (i, p, v) in rate if v == "a"]
+
+
+def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
+    """benchmarks/train_ab.py: each variant's time per block call over its rounds, and b's tokens/s over a's within
+    each alternating pair."""
+    ratios = pair_ratios(rows)
+    body = []
+    for name in ("a", "b"):
+        mine = [r for r in rows if r["variant"] == name]
+        settings = "; ".join(sorted({", ".join(r["variants"][name]) for r in mine}))
+        body.append(
+            [
+                f"{name}: `{settings}`",
+                spread([r["step_ms_per_block_call"] for r in mine], ".3f"),
+                spread([r["tokens_per_s"] for r in mine], ",.0f"),
+                "1.000" if name == "a" else spread(ratios, ".3f"),
+            ]
+        )
+    first, m = rows[0], rows[0]["model"]
+    timed = "/".join(str(x) for x in sorted({r["timed_steps"] for r in rows}))
+    steps = "/".join(str(x) for x in sorted({r["steps"] for r in rows}))
+    return (
+        markdown_table(["variant", "step ms per block call", "tokens/s", "/ a, within each pair"], body)
+        + f"\n\n{len(ratios)} alternating pairs of rounds, each round the real trainer in a fresh run folder, timed "
+        f"over its last {timed} of {steps} steps (the log interval that ends it); a block call is one block's forward "
+        f"and backward ({first['block_calls_per_step']} a step). Model: {m['residual']}, {m['n_layers']} layers, dim "
+        f"{m['dim']}, {m['n_heads']} heads, FFN {m['ffn_dim']}, vocab {m['vocab_size']} ({first['parameters']:,} "
+        f"parameters); seq {first['seq_len']}, global batch {first['global_batch_size']} in micro-batches of "
+        f"{first['micro_batch_size']}; {first['dtype']} on {first['device']}, compiled, torch threads "
+        f"{'/'.join(sorted({str(r['host']['torch_threads']) for r in rows}))}. " + provenance(rows, path) + "\n"
+    )
+
+
 def checkpoint_stall(rows: list[dict], path: str = CHECKPOINT) -> str:
     """benchmarks/checkpoint_stall.py part 1: per checkpoint setting, the training's total time, its median step
     and the stall per save."""
@@ -206,5 +244,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "data-pipeline": from_file(DATA_PIPELINE, data_pipeline),
     "trainer-overhead": from_file(TRAINER_OVERHEAD, trainer_overhead),
     "checkpoint-stall": from_file(CHECKPOINT, checkpoint_stall),
+    "compile-wrapper": from_file(COMPILE_WRAPPER, trainer_ab),
     "checkpoint-size": from_file(CHECKPOINT, checkpoint_sizes),
 }
