@@ -134,8 +134,7 @@ class SpikeConfig:
     threshold: float = bounded(6.0, lambda v: math.isfinite(v) and v > 0, "a finite number > 0 (standard deviations)")
     watch: list[str] = field(default_factory=lambda: ["loss", "grad_norm"])  # the values tested: loss, grad_norm
     # log: report it and train on | skip: report it, no update (the batch counts as consumed) | stop: report it,
-    # record the batch in RUN_DIR/skip_batches.json and stop (exit 1); rerun the command: it resumes from the
-    # newest checkpoint and skips that batch
+    # record the batch in RUN_DIR/skip_batches.json and stop (exit 1); a rerun resumes and skips that batch
     action: str = choice("log", ("log", "skip", "stop"))
 
 
@@ -170,14 +169,14 @@ class ParallelConfig:
     ac_every: int = bounded(2, lambda v: v >= 1, "at least 1")
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
     compile_wrapper: str = choice("python", ("python", "cpp"))  # compiled blocks' host code; cpp: C++, no interpreter
-    # gradient accumulation over a step's micro-batches: unsharded = the blocks' parameters stay gathered and the
-    # gradients are reduced once per optimizer step (one all-gather and one reduce-scatter per block per step; the
-    # unsharded compute-dtype parameters and fp32 gradients must fit); sharded = FSDP's gather/reduce cycle on every
-    # micro-batch (least memory); auto = unsharded where the memory plan says it fits the device
+    # gradient accumulation over a step's micro-batches: unsharded = the blocks stay gathered and are reduced once per
+    # optimizer step (their compute-dtype parameters and fp32 gradients must fit); sharded = FSDP's gather/reduce
+    # cycle on every micro-batch (least memory); auto = unsharded where the memory plan says it fits the device
     accumulate: str = choice("auto", ("auto", "unsharded", "sharded"))
-    # process-group init and collective timeout (seconds): a rank that waits longer on the others fails
-    # instead of hanging; lm-eval on rank 0 does not count against it (the others wait on a separate group)
-    timeout_s: int = 1800
+    # consecutive blocks sharded as one FSDP unit: gathered and reduced together, FSDP's hooks run once per unit and
+    # micro-batch (less host work per block); sharded accumulation then holds two units' blocks gathered
+    blocks_per_fsdp_unit: int = bounded(1, lambda v: v >= 1, "at least 1")
+    timeout_s: int = 1800  # init and collective timeout (s): a rank waiting longer fails; rank 0's lm-eval is exempt
 
 
 @dataclass
@@ -189,8 +188,8 @@ class CheckpointConfig:
     load: str | None = None  # start from this checkpoint instead of the newest one in run.dir
     load_model_only: bool = False  # take weights only (fine-tuning), not optimizer/data state
     # a fresh run starts from these weights instead of random ones: a Hugging Face Llama folder, an export or a
-    # training checkpoint. The model.* shape must match it; model.residual / ladder_layers may differ (that is
-    # the conversion to a (hybrid) ladder). Ignored when run.dir already holds a checkpoint to resume.
+    # training checkpoint. The model.* shape must match it; model.residual / ladder_layers may differ (the
+    # conversion to a (hybrid) ladder). Ignored when run.dir already holds a checkpoint to resume.
     init_from: str | None = None
 
 

@@ -187,10 +187,11 @@ def tracked_peak(cfg, accumulate: str) -> tuple[float, int]:
         dist.destroy_process_group()
 
 
-def small_run(layout: str, checkpointing: str, micro: int = 4, accumulation: int = 2):
+def small_run(layout: str, checkpointing: str, micro: int = 4, accumulation: int = 2, units: int = 1, layers: int = 2):
     # fake tensors cost the same at any size: long sequences make the activations and the loss most of the peak
-    shape = {"vocab_size": 8192, "dim": 512, "n_layers": 2, "n_heads": 8, "ffn_dim": 1376, "max_seq_len": 2048}
+    shape = {"vocab_size": 8192, "dim": 512, "n_layers": layers, "n_heads": 8, "ffn_dim": 1376, "max_seq_len": 2048}
     overrides = {f"model.{k}": v for k, v in shape.items()} | {
+        "parallel.blocks_per_fsdp_unit": units,
         "model.residual": layout,
         "data.seq_len": 2048,
         "train.micro_batch_size": micro,
@@ -202,20 +203,36 @@ def small_run(layout: str, checkpointing: str, micro: int = 4, accumulation: int
 
 
 @pytest.mark.parametrize(
-    "layout, checkpointing, accumulate",
+    "layout, checkpointing, accumulate, units",
     [
-        ("standard", "none", "sharded"),
-        ("ladder", "none", "unsharded"),
-        ("parallel", "selective", "sharded"),
-        ("ladder", "full", "sharded"),
+        ("standard", "none", "sharded", 1),
+        ("ladder", "none", "unsharded", 1),
+        ("parallel", "selective", "sharded", 1),
+        ("ladder", "full", "sharded", 1),
+        ("ladder", "full", "sharded", 2),  # 4 blocks in units of 2: two units gathered at the backward's start
     ],
 )
-def test_the_plan_is_within_5_percent_of_a_fake_training_steps_peak(layout, checkpointing, accumulate):
-    cfg = small_run(layout, checkpointing)
+def test_the_plan_is_within_5_percent_of_a_fake_training_steps_peak(layout, checkpointing, accumulate, units):
+    cfg = small_run(layout, checkpointing, units=units, layers=2 * units)
     peak, local = tracked_peak(cfg, accumulate)
     plan = memory_plan(cfg, model_args(cfg.model), local, 4, torch.device("cuda"), accumulation=2)
     planned = plan.unsharded if accumulate == "unsharded" else plan.sharded
     assert abs(planned - peak) / peak < 0.05, f"plan {planned / 2**20:.1f} MiB, tracked {peak / 2**20:.1f} MiB"
+
+
+def test_sharded_accumulation_plans_two_units_of_blocks_gathered():
+    """The current unit and the prefetched one: each block more per unit adds two blocks' bf16 parameters."""
+    plans = {units: plan_of(small_run("standard", "none", units=units, layers=8)) for units in (1, 4, 8, 16)}
+    args = model_args(small_run("standard", "none", layers=8).model)
+    block_bytes = 2 * (count_params(args)["non_embedding"] - args.dim) / args.n_layers
+    assert plans[4].gathered - plans[1].gathered == pytest.approx(2 * 3 * block_bytes)
+    assert plans[4].sharded - plans[1].sharded == pytest.approx(2 * 3 * block_bytes)
+    assert plans[16].gathered == plans[8].gathered  # a unit holds at most the model's blocks
+    assert plans[16].unsharded == plans[1].unsharded  # kept unsharded, every block is gathered anyway
+
+
+def plan_of(cfg):
+    return memory_plan(cfg, model_args(cfg.model), 10**8, 4, torch.device("cuda"), accumulation=2)
 
 
 def measured_rows() -> list[dict]:

@@ -12,7 +12,7 @@ from dist_utils import run_ranks
 from test_train import assert_same, global_batches, tiny_config
 
 
-def counted_training(micro: int, accumulate: str, tmp: str):
+def counted_training(micro: int, accumulate: str, tmp: str, extra: dict | None = None):
     """(FSDP collectives per optimizer step, losses and gradient norms, the mode the trainer chose)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
 
@@ -32,7 +32,9 @@ def counted_training(micro: int, accumulate: str, tmp: str):
     collectives.DefaultReduceScatter.__call__ = counting("reduce_scatter", collectives.DefaultReduceScatter.__call__)
     env = init_distributed()
     try:
-        cfg = tiny_config("ladder", micro, tmp, **{"train.max_steps": 3, "parallel.accumulate": accumulate})
+        cfg = tiny_config(
+            "ladder", micro, tmp, **{"train.max_steps": 3, "parallel.accumulate": accumulate, **(extra or {})}
+        )
         trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
         per_step, step = [], trainer.train_step
 
@@ -62,6 +64,23 @@ def test_kept_unsharded_a_step_gathers_and_reduces_once_however_many_micro_batch
     assert cycled[1]["reduce_scatter"] == 4 * one_micro[1]["reduce_scatter"]
     assert cycled[1]["all_gather"] > 3 * one_micro[1]["all_gather"]
     assert_same(unsharded_losses, sharded_losses, 1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", ["unsharded", "sharded"])
+def test_blocks_in_units_of_two_gather_and_reduce_once_per_unit_with_the_same_numbers(tmp_path, accumulate):
+    """4 ladder layers on 2 ranks, 2 micro-batches a step, in FSDP units of 1 block (4 units) or 2 (2 units); the root's
+    collectives are the same. Kept unsharded, a step gathers and reduces each unit once: 2 fewer of each. Sharded,
+    each micro-batch gathers every unit in forward and all but the last again in backward, and reduces every unit:
+    2 x (4 + 3 - 2 - 1) = 8 fewer gathers and 2 x 2 = 4 fewer reductions. The same losses and gradient norms."""
+    fewer = {"unsharded": {"all_gather": 2, "reduce_scatter": 2}, "sharded": {"all_gather": 8, "reduce_scatter": 4}}
+    layers = {"model.n_layers": 4}
+    single, single_losses, _ = run_ranks(counted_training, 2, 2, accumulate, str(tmp_path / "a"), layers)[0]
+    pairs = {**layers, "parallel.blocks_per_fsdp_unit": 2}
+    paired, paired_losses, _ = run_ranks(counted_training, 2, 2, accumulate, str(tmp_path / "b"), pairs)[0]
+    for step_single, step_paired in zip(single, paired, strict=True):
+        assert {kind: step_single[kind] - n for kind, n in step_paired.items()} == fewer[accumulate]
+    assert_same(single_losses, paired_losses, 1e-6)
 
 
 def test_adamw_is_fused_on_cuda_and_foreach_on_the_cpu():

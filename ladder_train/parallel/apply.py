@@ -68,9 +68,11 @@ def apply_compile(model: Transformer, backend: str | None = None, wrapper: str =
         block.compile(backend=backend, options=options)
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
-    """Shard every block, then the root (embeddings, final norm). bf16 compute keeps fp32 master
-    weights and reduces gradients in fp32. The last block and the root stay unsharded after forward, as
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype, blocks_per_unit: int = 1) -> None:
+    """Shard the blocks, ``blocks_per_unit`` consecutive ones as one FSDP unit, then the root (embeddings, final
+    norm). A unit's blocks are gathered and reduced together and FSDP's hooks run once for them; each parameter is
+    sharded alone either way, so checkpoints do not depend on the unit. bf16 compute keeps fp32 master
+    weights and reduces gradients in fp32. The last unit and the root stay unsharded after forward, as
     backward needs them first. One replica shards over the shard dimension alone: on the 2-D mesh FSDP2 takes its
     HSDP path even then, an all-reduce over a group of one per block and micro-batch, and when gradients
     accumulate every block's fp32 reduce output is held until the backward ends (pytorch/pytorch#179128)."""
@@ -85,10 +87,14 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype) -
     # stream untouched (its outputs join one module late), so FSDP warns that a view could lose its
     # pre-backward hook to an in-place op. Nothing adds in place to a block's outputs; the gradients are
     # checked against one process in tests/test_train.py.
-    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPBlock\) returned a view tensor")
-    last = len(model.layers) - 1
-    for i, block in enumerate(model.layers):
-        fully_shard(block, mesh=mesh, mp_policy=block_policy, reshard_after_forward=i < last)
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDP(Block|CheckpointWrapper)\) returned a view")
+    blocks = list(model.layers)
+    for start in range(0, len(blocks), blocks_per_unit):
+        unit = blocks[start : start + blocks_per_unit]
+        last = start + blocks_per_unit >= len(blocks)
+        fully_shard(
+            unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=block_policy, reshard_after_forward=not last
+        )
     # The root (the tied embedding/head and the final norm) stays unsharded after forward: backward
     # starts with the head's gradient, so resharding would only all-gather the embedding again at once
     # (fully_shard's docs: False "for the root module, because the root module is typically required
@@ -104,7 +110,7 @@ def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param
         apply_compile(model, wrapper=cfg.compile_wrapper)
     # one fp32 process has nothing to shard, reduce or cast: FSDP would only add copies per step
     if mesh.size() > 1 or param_dtype != torch.float32:
-        apply_fsdp(model, mesh, param_dtype)
+        apply_fsdp(model, mesh, param_dtype, cfg.blocks_per_fsdp_unit)
     return model
 
 
