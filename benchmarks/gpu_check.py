@@ -3,7 +3,7 @@ memory per layout and micro-batch against the ``--dry-run`` plan, a profiled ste
 
     bash benchmarks/gpu_prepare.sh        # on the development machine, from the root: .gpu/ (tokens, tokenizer, wheels)
     python -m benchmarks.gpu_check --out docs/results/gpu [--layouts standard,parallel,ladder] [--micro 2,4]
-        [--steps 20] [--profile] [--decode-layers 8] [--big] [--keep-trace] [--compile-wrappers python,cpp]
+        [--steps 20] [--profile] [--decode-layers 8] [--big] [--keep-trace] [--variant KEY=VALUE[,KEY=VALUE] ...]
         [--set KEY=VALUE ...]
     python -m benchmarks.gpu_check --tiny --out /tmp/gpu-tiny    # the same parts on the CPU with a tiny model
 
@@ -20,9 +20,9 @@ In this order:
   global batch 16, compiled, ``--steps`` steps logged every step. Row: tokens/s median and range and MFU median
   over the steps after the first ``--skip`` (compilation), peak memory, and the plan's total for the accumulation
   the run used (its "FSDP gradients:" line) with the plan's relative error (plan - peak) / peak. A run is stopped
-  once its last step is logged: its final checkpoint (14 GB at 1.2B) is not waited for. ``--compile-wrappers
-  python,cpp`` runs each of them twice in a row, the second with ``parallel.compile_wrapper=cpp`` (inductor's host
-  code in C++, for the host-bound micro-batch 2).
+  once its last step is logged: its final checkpoint (14 GB at 1.2B) is not waited for. Each ``--variant`` runs
+  every one of them again right after it with its overrides (e.g. ``parallel.compile_wrapper=cpp``): a setting's
+  before and after side by side on one card; rows carry the variant's overrides.
 - ``--profile``: the first layout and micro-batch again under ``profile.enabled`` (wait 5, warm-up 2, active 3:
   RUN_DIR/profile/rank0_steps8-10.pt.trace.json), summarised by ``summarize_trace``: the GPU's busy share of the
   traced span (the union of kernel, memcpy and memset intervals over first start to last end), kernels, copies,
@@ -606,11 +606,10 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
     measured[-1].info["out"] = ceilings_out
     for layout in args.layouts:
         for micro in args.micro:
-            for wrapper in args.compile_wrappers:  # side by side: the same run with each host code
-                name = f"train-{layout}-mb{micro}" + ("" if wrapper == "python" else f"-{wrapper}")
-                extra = () if wrapper == "python" else (f"parallel.compile_wrapper={wrapper}",)
-                part = plan.training(name, "train", f"recipes/{layout}_1b.yaml", micro, args.steps, extra)
-                part.info["layout"] = layout
+            for i, variant in enumerate([[], *args.variant]):  # side by side: the run as it is, then each variant
+                name = f"train-{layout}-mb{micro}" + (f"-v{i}" if i else "")
+                part = plan.training(name, "train", f"recipes/{layout}_1b.yaml", micro, args.steps, tuple(variant))
+                part.info.update(layout=layout, variant=variant)
                 measured.append(part)
     if args.profile:
         wait, warmup, active = mode.profile
@@ -670,7 +669,7 @@ def training_row(part: Part, plan_part: Part | None, mode: Mode, on_gpu: bool) -
         "micro_batch": part.info["micro_batch"],
         "global_batch": int(last_override(part.argv, "train.global_batch_size")),
         "compiled": last_override(part.argv, "parallel.compile") == "true",
-        "compile_wrapper": last_override(part.argv, "parallel.compile_wrapper") or "python",
+        "variant": part.info.get("variant", []),
         **figures,
     }
     plan_text = plan_part.log.read_text(errors="replace") if plan_part and plan_part.log.exists() else ""
@@ -721,8 +720,8 @@ def _num(x, spec=",.0f") -> str:
 
 
 def part_label(row: dict) -> str:
-    """train, big, or train+cpp where the blocks' host code was C++."""
-    return row["kind"] + ("+cpp" if row.get("compile_wrapper", "python") != "python" else "")
+    """train, big, or train+ where a variant's overrides changed the run (they follow its figures)."""
+    return row["kind"] + ("+" if row.get("variant") else "")
 
 
 def table(rows: list[dict], env: dict) -> str:
@@ -742,6 +741,7 @@ def table(rows: list[dict], env: dict) -> str:
             lines.append(
                 f"{part_label(r):<8} {r['layout']:<9} {r['micro_batch']:>3}  {tps:<27} {_pct(r.get('mfu_median')):>6} "
                 f"{_num(r.get('peak_mem_gib'), '.2f'):>9} {_num(r['plan_total_gib'], '.2f'):>9} {_pct(r['plan_rel_error']):>8}"
+                + (f"  {', '.join(r['variant'])}" if r.get("variant") else "")
             )
         elif r["kind"] == "profile":
             busy = (
@@ -779,10 +779,10 @@ def names_list(text: str) -> list[str]:
     return items
 
 
-def wrappers_list(text: str) -> list[str]:
+def variant_overrides(text: str) -> list[str]:
     items = [x.strip() for x in text.split(",") if x.strip()]
-    if not items or set(items) - {"python", "cpp"} or len(set(items)) < len(items):
-        raise argparse.ArgumentTypeError(f"python, cpp or python,cpp (got {text!r})")
+    if not items or any("=" not in x or not x.split("=", 1)[0] for x in items):
+        raise argparse.ArgumentTypeError(f"KEY=VALUE[,KEY=VALUE...], got {text!r}")
     return items
 
 
@@ -824,10 +824,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="decode with ladder-bench's --gemv-tuning on, off or both side by side (default on,off; --tiny on)",
     )
     p.add_argument(
-        "--compile-wrappers",
-        type=wrappers_list,
-        default=["python"],
-        help="each training run once per parallel.compile_wrapper value, side by side (default python; a GPU only)",
+        "--variant",
+        action="append",
+        default=[],
+        type=variant_overrides,
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="each training run again with these overrides, right after it (repeatable: one run per variant)",
     )
     p.add_argument("--big", action="store_true", help="the 3.5B ladder's peak memory at micro-batch 1")
     p.add_argument("--tiny", action="store_true", help="every part on the CPU with a tiny model (a check of this tool)")
@@ -848,8 +850,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.skip = mode.skip if args.skip is None else args.skip
     args.decode_layers = (2 if args.tiny else 8) if args.decode_layers is None else args.decode_layers
     args.gemv_tuning = args.gemv_tuning or (["on"] if args.tiny else ["on", "off"])  # a CPU has no GEMV tuning
-    if args.tiny and args.compile_wrappers != ["python"]:
-        p.error("--compile-wrappers: --tiny trains eager, and a wrapper is the host code of compiled blocks")
     if args.skip >= args.steps:
         p.error(f"--skip {args.skip} leaves no step of --steps {args.steps} to measure")
     if any(mode.global_batch % m for m in args.micro):

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A short GPU lease's worth of the project's GPU checks, in two device calls of under 10 minutes each, on a bare,
 # offline machine that received the checkout with .gpu/ (bash benchmarks/gpu_prepare.sh):
-#   OUT=DIR bash benchmarks/gpu_lease.sh check   # gpu_check: ceilings, standard at micro-batches 2 and 8, each with
-#                                                # the blocks' host code in Python, then in C++ (+ micro-batch 2
-#                                                # profiled), whole-1.2B decode with GEMV tuning (~7 min, estimated;
-#                                                # the untuned row is 2026-11-27's)
+#   OUT=DIR bash benchmarks/gpu_lease.sh check   # gpu_check: ceilings, standard at micro-batches 2 and 8, each as it
+#                                                # is, with the blocks' host code in C++, and in FSDP units of 4
+#                                                # blocks (+ micro-batch 2 profiled), whole-1.2B decode with GEMV
+#                                                # tuning (~7.5 min, estimated; the untuned row is 2026-11-27's)
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                # many as start within STUDY_S (~5 min with the defaults)
 # Each writes at most 6 files under OUT (the device tool brings back 8). Knobs: CHECK_S (gpu_check's outer limit:
@@ -25,7 +25,7 @@ case "$PART" in
     if [ -n "${TINY:-}" ]; then
       read -r -a ARGS <<< "${CHECK:---tiny --layouts standard --profile --keep-trace --decode-layers 2}"
     else
-      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --compile-wrappers python,cpp --profile --keep-trace --decode-layers 40 --gemv-tuning on}"
+      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.compile_wrapper=cpp --variant parallel.blocks_per_fsdp_unit=4 --profile --keep-trace --decode-layers 40 --gemv-tuning on}"
     fi
     timeout -s TERM "${CHECK_S:-520}" "${PYTHON:-python3}" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
       | tee "$OUT/check.log"

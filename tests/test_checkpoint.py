@@ -182,16 +182,17 @@ def train_synthetic(run_dir: str, start_step: int, max_steps: int, extra=()):
 
 
 @pytest.mark.slow
-def test_hsdp_checkpoint_resumes_on_fewer_processes(tmp_path):
+def test_hsdp_checkpoint_resumes_on_fewer_processes_and_in_other_fsdp_units(tmp_path):
     original = tmp_path / "four"
     reference = run_ranks(train_synthetic, 4, str(original), 0, 6, local_world_size=2)[0]  # HSDP 2 x 2
     assert sorted(reference) == [1, 2, 3, 4, 5, 6]
-    for world in (2, 1):
-        resumed_dir = tmp_path / f"on{world}"
+    # each parameter is sharded on its own whatever the unit, so both blocks in one FSDP unit read the same state
+    for world, extra in ((2, []), (1, []), (2, ["parallel.blocks_per_fsdp_unit=2"])):
+        resumed_dir = tmp_path / f"on{world}{'-paired' if extra else ''}"
         shutil.copytree(original, resumed_dir)
         shutil.rmtree(resumed_dir / "checkpoints" / "step-6")  # resume from step 3
         (resumed_dir / "metrics.jsonl").unlink()
-        resumed = run_ranks(train_synthetic, world, str(resumed_dir), 3, 6)[0]
+        resumed = run_ranks(train_synthetic, world, str(resumed_dir), 3, 6, extra)[0]
         assert sorted(resumed) == [4, 5, 6]
         for step in (4, 5, 6):
             assert resumed[step] == pytest.approx(reference[step], abs=1e-5)

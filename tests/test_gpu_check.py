@@ -209,22 +209,24 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     _, measured, by_name = check.build_parts(plan)
     assert all("parallel.accumulate=sharded" in p.argv for p in measured if p.kind == "train")
     assert all("parallel.accumulate=sharded" in p.argv for p in by_name.values())
-    # --compile-wrappers python,cpp: each training run twice in a row, the second with C++ host code; plans of both
-    args = check.parse_args(["--out", str(tmp_path), "--layouts", "standard", "--compile-wrappers", "python,cpp"])
+    # --variant: each training run again right after it with the variant's overrides; a plan of each
+    argv = ["--out", str(tmp_path), "--layouts", "standard", "--variant", "parallel.compile_wrapper=cpp"]
+    args = check.parse_args([*argv, "--variant", "parallel.blocks_per_fsdp_unit=4,parallel.compile_wrapper=cpp"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
     _, measured, by_name = check.build_parts(plan)
     trains = [p for p in measured if p.kind == "train"]
-    assert [p.name for p in trains] == ["train-standard-mb2", "train-standard-mb2-cpp"]
-    assert [check.last_override(p.argv, "parallel.compile_wrapper") for p in trains] == [None, "cpp"]
-    assert by_name["train-standard-mb2-cpp"].argv[:-3] == trains[1].argv
+    assert [p.name for p in trains] == ["train-standard-mb2", "train-standard-mb2-v1", "train-standard-mb2-v2"]
+    assert [p.info["variant"] for p in trains] == [[], *args.variant]
+    assert [check.last_override(p.argv, "parallel.compile_wrapper") for p in trains] == [None, "cpp", "cpp"]
+    assert [check.last_override(p.argv, "parallel.blocks_per_fsdp_unit") for p in trains] == [None, None, "4"]
+    assert by_name["train-standard-mb2-v2"].argv[:-3] == trains[2].argv
     for bad in (
         ["--micro", "3"],
         ["--layouts", "standard,wide"],
         ["--steps", "5", "--skip", "5"],
         ["--set", "x"],
-        ["--compile-wrappers", "cpp,cpp"],
-        ["--compile-wrappers", "java"],
-        ["--tiny", "--compile-wrappers", "python,cpp"],
+        ["--variant", "parallel.compile_wrapper"],
+        ["--variant", ","],
     ):
         with pytest.raises(SystemExit):
             check.parse_args(["--out", str(tmp_path), *bad])

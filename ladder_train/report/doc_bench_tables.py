@@ -19,6 +19,7 @@ DATA_PIPELINE = "docs/results/data_pipeline/cpu.jsonl"  # python -m benchmarks.d
 TRAINER_OVERHEAD = "docs/results/trainer_overhead/cpu.jsonl"  # python -m benchmarks.train_step --out
 CHECKPOINT = "docs/results/checkpoint/cpu.jsonl"  # python -m benchmarks.checkpoint_stall --out
 COMPILE_WRAPPER = "docs/results/compile_wrapper/cpu.jsonl"  # python -m benchmarks.train_ab --out
+FSDP_UNITS = "docs/results/fsdp_units/cpu.jsonl"  # python -m benchmarks.train_ab --a/--b blocks_per_fsdp_unit --out
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -245,5 +246,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "trainer-overhead": from_file(TRAINER_OVERHEAD, trainer_overhead),
     "checkpoint-stall": from_file(CHECKPOINT, checkpoint_stall),
     "compile-wrapper": from_file(COMPILE_WRAPPER, trainer_ab),
+    "fsdp-units": from_file(FSDP_UNITS, trainer_ab),
     "checkpoint-size": from_file(CHECKPOINT, checkpoint_sizes),
 }

@@ -52,10 +52,8 @@ def _table(path: str, kinds: tuple[str, ...], header: list[str], line, note) -> 
 
 
 def _mode(row: dict) -> str:
-    """eager, or compiled with inductor's host code in Python (rows before parallel.compile_wrapper too) or C++."""
-    if not row["compiled"]:
-        return "eager"
-    return "compiled" if row.get("compile_wrapper", "python") == "python" else "compiled, C++ host code"
+    """compiled or eager, and the overrides of a gpu_check ``--variant``."""
+    return ", ".join(["compiled" if row["compiled"] else "eager", *(f"`{x}`" for x in row.get("variant", []))])
 
 
 def _training_line(r: dict, _) -> list[str]:
