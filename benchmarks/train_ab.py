@@ -109,7 +109,12 @@ def main(argv: list[str] | None = None) -> None:
     context.update(
         settings(first, argparse.Namespace(rounds=args.rounds, repeats=1, overrides=args.overrides), env.device)
     )
-    context.update(bench="train_ab", variants=variants, block_calls_per_step=block_calls_per_step(first))
+    context.update(
+        bench="train_ab",
+        variants=variants,
+        block_calls_per_step=block_calls_per_step(first),
+        compiled={name: cfg.parallel.compile for name, cfg in configs.items()},
+    )
     for cfg in configs.values():
         timed_round(cfg, batches, WARMUP_STEPS, env)
     timed = args.steps - args.steps // 2

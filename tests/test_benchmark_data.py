@@ -469,6 +469,7 @@ def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     ]
     assert table_row(table, "b: `parallel.accumulate=sharded`")[-1] == spread_of(ratios, ".3f")
     assert "2 alternating pairs of rounds" in table and "over its last 2 of 4 steps" in table
+    assert rows[0]["compiled"] == {"a": False, "b": False} and "bfloat16 on cpu, eager, torch threads 1" in table
 
 
 def test_train_ab_refuses_a_round_too_short_to_time_and_a_bad_key_before_training(capsys, monkeypatch):

@@ -157,6 +157,16 @@ def pair_ratios(rows: list[dict]) -> list[float]:
     return [rate[i, p, "b"] / rate[i, p, "a"] for (i, p, v) in rate if v == "a"]
 
 
+def _compiled(rows: list[dict]) -> str:
+    """compiled, eager, or which variant was compiled."""
+    kinds = {(name, flag) for r in rows for name, flag in r["compiled"].items()}
+    if {flag for _, flag in kinds} == {True}:
+        return "compiled"
+    if {flag for _, flag in kinds} == {False}:
+        return "eager"
+    return "compiled: " + ", ".join(sorted(name for name, flag in kinds if flag))
+
+
 def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
     """benchmarks/train_ab.py: each variant's time per block call over its rounds, and b's tokens/s over a's within
     each alternating pair."""
@@ -183,7 +193,7 @@ def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
         f"and backward ({first['block_calls_per_step']} a step). Model: {m['residual']}, {m['n_layers']} layers, dim "
         f"{m['dim']}, {m['n_heads']} heads, FFN {m['ffn_dim']}, vocab {m['vocab_size']} ({first['parameters']:,} "
         f"parameters); seq {first['seq_len']}, global batch {first['global_batch_size']} in micro-batches of "
-        f"{first['micro_batch_size']}; {first['dtype']} on {first['device']}, compiled, torch threads "
+        f"{first['micro_batch_size']}; {first['dtype']} on {first['device']}, {_compiled(rows)}, torch threads "
         f"{'/'.join(sorted({str(r['host']['torch_threads']) for r in rows}))}. " + provenance(rows, path) + "\n"
     )
 
