@@ -1,14 +1,14 @@
 """Two trainer settings side by side: alternating rounds of the real trainer, each in a fresh run folder.
 
     python -m benchmarks.train_ab [--a KEY=VALUE ...] [--b KEY=VALUE ...] [--steps 20] [--rounds 5]
-                                  [--out FILE.jsonl] [key=value ...]
+                                  [--threads 1] [--out FILE.jsonl] [key=value ...]
 
 By default it measures ``parallel.compile_wrapper`` python (a) against cpp (b) on a host-bound step: a model so
 small (16 layers of dim 32, micro-batches of 2 x 16 tokens, fp32) that the host's work per block call, not the
 arithmetic, sets the step time, as at micro-batch 2 of the 1.2B on an H100 (docs/benchmarks.md). On the CPU that
 is an emulation: the interpreter's and dispatcher's share of a block call is timed, a GPU's launch costs are not,
-and each generated CPU kernel stands in for a launch. One thread by default (``--threads``): on more, every tiny
-kernel's OpenMP fork and join would dominate what is timed.
+and each generated CPU kernel stands in for a launch. One thread by default (``--threads``): on more, each tiny
+kernel's OpenMP fork and join adds to what is timed.
 Each variant first runs one untimed round (compilation); then ``--rounds`` pairs alternate a and b, so a slower
 machine hurts both alike, and a pair's b / a ratio is taken within the pair. A round's figure is the trainer's own
 tokens/s over its second half of ``--steps`` (the log interval that ends it), so neither a round's first step nor
