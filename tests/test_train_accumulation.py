@@ -12,8 +12,9 @@ from dist_utils import run_ranks
 from test_train import assert_same, global_batches, tiny_config
 
 
-def counted_training(micro: int, accumulate: str, tmp: str, extra: dict | None = None):
-    """(FSDP collectives per optimizer step, losses and gradient norms, the mode the trainer chose)."""
+def counted_trainings(runs: list[tuple[int, str, dict]], tmp: str) -> list[tuple]:
+    """Per run (micro-batch, accumulation, overrides), one after another in one process group: (FSDP collectives per
+    optimizer step, losses and gradient norms, the mode the trainer chose)."""
     from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
 
     from ladder_train.parallel import init_distributed
@@ -31,22 +32,24 @@ def counted_training(micro: int, accumulate: str, tmp: str, extra: dict | None =
     collectives.DefaultAllGather.__call__ = counting("all_gather", collectives.DefaultAllGather.__call__)
     collectives.DefaultReduceScatter.__call__ = counting("reduce_scatter", collectives.DefaultReduceScatter.__call__)
     env = init_distributed()
+    results = []
     try:
-        cfg = tiny_config(
-            "ladder", micro, tmp, **{"train.max_steps": 3, "parallel.accumulate": accumulate, **(extra or {})}
-        )
-        trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
-        per_step, step = [], trainer.train_step
+        for n, (micro, accumulate, extra) in enumerate(runs):
+            overrides = {"train.max_steps": 3, "parallel.accumulate": accumulate, **extra}
+            cfg = tiny_config("ladder", micro, f"{tmp}/{n}", **overrides)
+            trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
+            per_step, step = [], trainer.train_step
 
-        def counted_step():
-            before = dict(counts)
-            outcome = step()
-            per_step.append({kind: counts[kind] - before[kind] for kind in counts})
-            return outcome
+            def counted_step(step=step, per_step=per_step):
+                before = dict(counts)
+                outcome = step()
+                per_step.append({kind: counts[kind] - before[kind] for kind in counts})
+                return outcome
 
-        trainer.train_step = counted_step
-        losses = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
-        return per_step, losses, trainer.accumulate
+            trainer.train_step = counted_step
+            losses = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
+            results.append((per_step, losses, trainer.accumulate))
+        return results
     finally:
         dist.destroy_process_group()
 
@@ -54,9 +57,9 @@ def counted_training(micro: int, accumulate: str, tmp: str, extra: dict | None =
 @pytest.mark.slow
 def test_kept_unsharded_a_step_gathers_and_reduces_once_however_many_micro_batches(tmp_path):
     # 8 sequences per step on 2 ranks: 4 per rank, in 1 micro-batch of 4 or 4 micro-batches of 1
-    one_micro, _, mode_one = run_ranks(counted_training, 2, 4, "unsharded", str(tmp_path / "a"))[0]
-    four_micro, unsharded_losses, mode = run_ranks(counted_training, 2, 1, "unsharded", str(tmp_path / "b"))[0]
-    cycled, sharded_losses, mode_sharded = run_ranks(counted_training, 2, 1, "sharded", str(tmp_path / "c"))[0]
+    runs = [(4, "unsharded", {}), (1, "unsharded", {}), (1, "sharded", {})]
+    results = run_ranks(counted_trainings, 2, runs, str(tmp_path))[0]
+    (one_micro, _, mode_one), (four_micro, unsharded_losses, mode), (cycled, sharded_losses, mode_sharded) = results
     assert (mode_one, mode, mode_sharded) == ("unsharded", "unsharded", "sharded")
     assert four_micro == one_micro
     assert one_micro[1]["all_gather"] > 0 and one_micro[1]["reduce_scatter"] > 0
@@ -67,20 +70,21 @@ def test_kept_unsharded_a_step_gathers_and_reduces_once_however_many_micro_batch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("accumulate", ["unsharded", "sharded"])
-def test_blocks_in_units_of_two_gather_and_reduce_once_per_unit_with_the_same_numbers(tmp_path, accumulate):
+def test_blocks_in_units_of_two_gather_and_reduce_once_per_unit_with_the_same_numbers(tmp_path):
     """4 ladder layers on 2 ranks, 2 micro-batches a step, in FSDP units of 1 block (4 units) or 2 (2 units); the root's
     collectives are the same. Kept unsharded, a step gathers and reduces each unit once: 2 fewer of each. Sharded,
     each micro-batch gathers every unit in forward and all but the last again in backward, and reduces every unit:
     2 x (4 + 3 - 2 - 1) = 8 fewer gathers and 2 x 2 = 4 fewer reductions. The same losses and gradient norms."""
     fewer = {"unsharded": {"all_gather": 2, "reduce_scatter": 2}, "sharded": {"all_gather": 8, "reduce_scatter": 4}}
-    layers = {"model.n_layers": 4}
-    single, single_losses, _ = run_ranks(counted_training, 2, 2, accumulate, str(tmp_path / "a"), layers)[0]
-    pairs = {**layers, "parallel.blocks_per_fsdp_unit": 2}
-    paired, paired_losses, _ = run_ranks(counted_training, 2, 2, accumulate, str(tmp_path / "b"), pairs)[0]
-    for step_single, step_paired in zip(single, paired, strict=True):
-        assert {kind: step_single[kind] - n for kind, n in step_paired.items()} == fewer[accumulate]
-    assert_same(single_losses, paired_losses, 1e-6)
+    single, paired = {"model.n_layers": 4}, {"model.n_layers": 4, "parallel.blocks_per_fsdp_unit": 2}
+    runs = [(2, accumulate, units) for accumulate in fewer for units in (single, paired)]
+    results = run_ranks(counted_trainings, 2, runs, str(tmp_path))[0]
+    for n, accumulate in enumerate(fewer):
+        (single_steps, single_losses, mode), (paired_steps, paired_losses, _) = results[2 * n : 2 * n + 2]
+        assert mode == accumulate
+        for step_single, step_paired in zip(single_steps, paired_steps, strict=True):
+            assert {kind: step_single[kind] - k for kind, k in step_paired.items()} == fewer[accumulate]
+        assert_same(single_losses, paired_losses, 1e-6)
 
 
 def test_adamw_is_fused_on_cuda_and_foreach_on_the_cpu():
