@@ -159,12 +159,11 @@ def pair_ratios(rows: list[dict]) -> list[float]:
 
 def _compiled(rows: list[dict]) -> str:
     """compiled, eager, or which variant was compiled."""
-    kinds = {(name, flag) for r in rows for name, flag in r["compiled"].items()}
-    if {flag for _, flag in kinds} == {True}:
-        return "compiled"
-    if {flag for _, flag in kinds} == {False}:
+    compiled = sorted({name for r in rows for name, flag in r["compiled"].items() if flag})
+    variants = sorted({name for r in rows for name in r["compiled"]})
+    if not compiled:
         return "eager"
-    return "compiled: " + ", ".join(sorted(name for name, flag in kinds if flag))
+    return "compiled" if compiled == variants else "compiled: " + ", ".join(compiled)
 
 
 def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
