@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ladder_train import load_model
-from ladder_train.model import ModelArgs, Transformer, count_params, flops_per_token, preset_args
+from ladder_train.model import IGNORE_INDEX, ModelArgs, Transformer, count_params, flops_per_token, preset_args
 from ladder_train.model.rope import apply_rope
 from ladder_train.model.transformer import RMSNorm
 
@@ -234,6 +234,26 @@ def test_last_only_logits_are_the_last_position_of_the_full_logits(residual):
         full, last = model(IDS), model(IDS, last_only=True)
     assert last.shape == (IDS.shape[0], 1, full.shape[-1])
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("residual", ["standard", "ladder"])
+def test_labels_give_the_summed_loss_of_the_scored_labels_and_its_gradients(residual):
+    """``model(ids, labels=labels)``, the trainer's loss, is the negative log-likelihood of every label that is not
+    IGNORE_INDEX, summed, written out from the logits; its gradients are that sum's."""
+    model = build(residual)
+    labels = torch.randint(0, TINY["vocab_size"], IDS.shape, generator=torch.Generator().manual_seed(1))
+    labels[0, :5] = IGNORE_INDEX
+    loss = model(IDS, labels=labels)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    scored = labels != IGNORE_INDEX
+    by_hand = -model(IDS).log_softmax(-1)[scored].gather(-1, labels[scored][:, None]).sum()
+    by_hand.backward()
+    assert loss.shape == () and scored.sum() == IDS.numel() - 5
+    torch.testing.assert_close(loss, by_hand, atol=1e-5, rtol=1e-6)
+    for grad, param in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(grad, param.grad, atol=1e-6, rtol=1e-5)
 
 
 # the TP sharding rule for KV heads (model/tp_sharding.py): split when TP divides n_kv_heads, replicated above it

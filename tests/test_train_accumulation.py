@@ -114,12 +114,14 @@ def test_the_dry_run_names_the_largest_micro_batch_that_fits_the_gpu():
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / "ladder_3b.yaml")
     lines = dry_run(cfg, "16x8", 80 * GIB).splitlines()
-    assert lines[-2] == "on a 80 GiB GPU, unsharded: the largest micro-batch that fits 90 % of it is 4 (plan 57.33 GiB)"
-    assert lines[-1] == "on a 80 GiB GPU, sharded: the largest micro-batch that fits 90 % of it is 4 (plan 39.88 GiB)"
-    # the next divisor of the 16 sequences per rank, 8 (2 micro-batches per step), fits neither way
+    assert lines[-2] == "on a 80 GiB GPU, unsharded: the largest micro-batch that fits 90 % of it is 4 (plan 53.58 GiB)"
+    assert lines[-1] == "on a 80 GiB GPU, sharded: the largest micro-batch that fits 90 % of it is 8 (plan 65.19 GiB)"
+    # of the 16 sequences per rank, 8 (2 micro-batches per step) fits sharded only, 16 neither way
     local = int(
         next(x for x in lines if " per GPU" in x and "parameters" in x).split(", ")[-1].split()[0].replace(",", "")
     )
     eight = memory_plan(cfg, model_args(cfg.model), local, 8, torch.device("cuda"), accumulation=2)
-    assert eight.unsharded > 0.9 * 80 * GIB and eight.sharded > 0.9 * 80 * GIB
+    assert eight.unsharded > 0.9 * 80 * GIB > eight.sharded
+    sixteen = memory_plan(cfg, model_args(cfg.model), local, 16, torch.device("cuda"), accumulation=1)
+    assert sixteen.unsharded > 0.9 * 80 * GIB and sixteen.sharded > 0.9 * 80 * GIB
     assert dry_run(cfg, "16x8", 30 * GIB).splitlines()[-2].endswith("unsharded: no micro-batch fits 90 % of it")

@@ -215,10 +215,10 @@ def _train_until_out_of_memory(run_dir: str):
     trainer = Trainer(tiny_config(run_dir, 5, **{"profile.memory_snapshot_step": 1}), env, batches=random_batches(0))
     forward = trainer.model.forward
 
-    def out_of_memory_at_step_3(ids):
+    def out_of_memory_at_step_3(ids, labels=None):
         if trainer.step == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return forward(ids)
+        return forward(ids, labels=labels)
 
     trainer.model.forward = out_of_memory_at_step_3
     try:

@@ -143,7 +143,7 @@ class NumberedBatches:
 
 
 def spiky_trainer(env, run_dir: str, poisoned: set[int], trained: list[int], **overrides):
-    """A 2-layer ladder on NumberedBatches whose logits are scaled 1000x on the poisoned global batches (a finite
+    """A 2-layer ladder on NumberedBatches whose loss is scaled 1000x on the poisoned global batches (a finite
     loss spike); ``trained`` collects the number of every batch a forward ran on."""
     from ladder_train.train import Trainer
 
@@ -159,11 +159,11 @@ def spiky_trainer(env, run_dir: str, poisoned: set[int], trained: list[int], **o
     trainer = Trainer(cfg, env, batches=NumberedBatches(env.rank, env.world_size, 8 // env.world_size))
     original_forward = trainer.model.forward
 
-    def forward(ids):
+    def forward(ids, labels=None):
         number = int(ids[0, 0])
         trained.append(number)
-        logits = original_forward(ids)
-        return logits * 1000.0 if number in poisoned else logits
+        loss = original_forward(ids, labels=labels)
+        return loss * 1000.0 if number in poisoned else loss
 
     trainer.model.forward = forward
     return trainer

@@ -3,10 +3,20 @@
 from .cost import count_params, flops_per_token
 from .desync import LAYER_REDUCES, desync_problems
 from .hf_format import INDEX_FILE, WEIGHTS_FILE
+from .loss import IGNORE_INDEX, TokenLoss
 from .presets import PRESETS, preset_args
-from .transformer import NO_COMM, PAPER_LAYOUTS, RESIDUAL_LAYOUTS, Communicator, ModelArgs, Transformer, build_on_meta
+from .transformer import (
+    NO_COMM,
+    PAPER_LAYOUTS,
+    RESIDUAL_LAYOUTS,
+    Communicator,
+    ModelArgs,
+    Transformer,
+    build_on_meta,
+)
 
 __all__ = [
+    "IGNORE_INDEX",
     "INDEX_FILE",
     "LAYER_REDUCES",
     "NO_COMM",
@@ -15,6 +25,7 @@ __all__ = [
     "RESIDUAL_LAYOUTS",
     "Communicator",
     "ModelArgs",
+    "TokenLoss",
     "Transformer",
     "WEIGHTS_FILE",
     "build_on_meta",

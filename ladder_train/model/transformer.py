@@ -28,6 +28,7 @@ from torch import nn
 
 from .desync import reduce_schedule, stream_cols, stream_kv_weight, stream_rows
 from .kv_cache import KVCache
+from .loss import TokenLoss
 from .rope import apply_rope, rope_tables
 
 RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder", "desync")
@@ -265,7 +266,8 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """Decoder-only LM. ``model(input_ids)`` returns fp32 logits of shape (B, T, vocab)."""
+    """Decoder-only LM. ``model(input_ids)`` returns fp32 logits of shape (B, T, vocab); ``model(input_ids,
+    labels=labels)`` the summed token loss instead, without a logits tensor leaving the model (training)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -280,6 +282,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(args.dim, args.norm_eps)
         # an untied head is replicated under TP (like the embedding) and sharded by FSDP with the root
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.loss = TokenLoss()
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, args.rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -319,11 +322,16 @@ class Transformer(nn.Module):
                 nn.init.normal_(param, mean=0.0, std=std)
 
     def forward(
-        self, input_ids: torch.Tensor, start_pos: int | torch.Tensor = 0, last_only: bool = False
+        self,
+        input_ids: torch.Tensor,
+        start_pos: int | torch.Tensor = 0,
+        last_only: bool = False,
+        labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``start_pos`` as a 0-d tensor selects the static-shape decode path (the caller checks the length).
         ``last_only``: logits of the last position only (B, 1, vocab), as generation needs; the full fp32
-        logits of a long prompt would be batch x prompt x vocab x 4 bytes."""
+        logits of a long prompt would be batch x prompt x vocab x 4 bytes. ``labels`` (B, T): the summed loss
+        of the scored labels (TokenLoss) instead of the logits."""
         seq_len = input_ids.shape[1]
         if isinstance(start_pos, torch.Tensor):
             positions = start_pos + torch.arange(seq_len, device=input_ids.device)
@@ -344,7 +352,9 @@ class Transformer(nn.Module):
             r = r + comm.wait(pending_attn) + comm.wait(pending_mlp)
         h = self.norm(r[:, -1:] if last_only else r)
         head = self.tok_embeddings.weight if self.output is None else self.output.weight
-        return F.linear(h, head).float()  # fp32 logits: the loss is computed on upcast values
+        if labels is not None:
+            return self.loss(h, head, labels)
+        return F.linear(h, head).float()  # fp32 logits: a loss is computed on upcast values
 
     def setup_kv_cache(self, batch: int, max_len: int, dtype=None, device=None):
         """Give every attention layer a static cache; ``forward(ids, start_pos)`` then decodes incrementally."""

@@ -57,15 +57,18 @@ DEFAULT_COMPILE_BACKEND = "inductor"
 
 
 def apply_compile(model: Transformer, backend: str | None = None, wrapper: str = "python") -> None:
-    """Compile each block on its own; blocks of one kind share one graph (a ladder's first block, which has
-    no pending outputs, and blocks with or without a checkpoint wrapper are the other kinds). FSDP's hooks
-    are marked dynamo-disabled and stay outside the graph: no block breaks or recompiles for its sharding.
+    """Compile each block on its own, and the loss (model.TokenLoss); blocks of one kind share one graph (a
+    ladder's first block, which has no pending outputs, and blocks with or without a checkpoint wrapper are the
+    other kinds). FSDP's hooks are marked dynamo-disabled and stay outside the graph: no block breaks or recompiles
+    for its sharding.
     ``wrapper`` (parallel.compile_wrapper) is the language of inductor's host code around the kernels; the
     other backends generate none."""
     backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or DEFAULT_COMPILE_BACKEND
     options = {"cpp_wrapper": True} if backend == "inductor" and wrapper == "cpp" else None
     for block in model.layers:
         block.compile(backend=backend, options=options)
+    # one graph: the upcast fused into the softmax's reductions, only the bf16 logits kept for the backward
+    model.loss.compile(backend=backend, options=options, fullgraph=True)
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype, blocks_per_unit: int = 1) -> None:

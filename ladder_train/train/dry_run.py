@@ -65,10 +65,13 @@ def checkpointed_bytes_per_token(args, layout: str, mode: str) -> int:
 def activation_bytes(cfg: Config, micro_batch: int) -> dict[str, float]:
     """Activation memory of one micro-batch on one GPU in its backward. ``blocks``: what every block keeps
     (block_bytes_per_token), a checkpointed block only checkpointed_bytes_per_token, and the final norm (eager, as
-    in a block). ``logits``: the loss's fp32 temporaries at the start of the backward, 12 bytes per token and
-    vocabulary entry: the log-softmax output the loss keeps, the gradient of the loss with respect to it and the
-    gradient of the logits (the logits themselves are not kept: micro_batches.py). ``recompute``: one checkpointed
-    block's full set while it is recomputed, later in the backward, once the loss's temporaries are gone."""
+    in a block). ``logits``: the loss's temporaries at the start of the backward (model.TokenLoss). Eager, 12 bytes
+    per token and vocabulary entry, all fp32: the log-softmax output the loss keeps, the gradient of the loss with
+    respect to it and the gradient of the logits (the logits themselves are not kept). Compiled, 2 bytes per token
+    and vocabulary entry and 8 per token: inductor keeps the bf16 logits and two fp32 statistics per row, and its
+    backward writes the logits' gradient over the logits (held against autograd's record and the generated code by
+    tests/test_memory_plan.py). ``recompute``: one checkpointed block's full set while it is recomputed, later in
+    the backward, once the loss's temporaries are gone."""
     args = model_args(cfg.model)
     tokens = cfg.data.seq_len * micro_batch
     mode, compiled = cfg.parallel.activation_checkpoint, cfg.parallel.compile
@@ -79,7 +82,8 @@ def activation_bytes(cfg: Config, micro_batch: int) -> dict[str, float]:
         checkpointed = mode in ("full", "selective") or (mode == "every_n" and i % cfg.parallel.ac_every == 0)
         blocks += checkpointed_bytes_per_token(args, layout, mode) if checkpointed else full
         recompute = max(recompute, full if checkpointed else 0)
-    return {"blocks": tokens * blocks, "recompute": tokens * recompute, "logits": 12 * tokens * args.vocab_size}
+    logits = tokens * (2 * args.vocab_size + 8) if compiled else 12 * tokens * args.vocab_size
+    return {"blocks": tokens * blocks, "recompute": tokens * recompute, "logits": logits}
 
 
 @dataclass(frozen=True)

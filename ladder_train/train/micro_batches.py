@@ -7,20 +7,16 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from ..data.packing import IGNORE_INDEX
 from ..data.protocol import Batch
 
 
 def micro_batch_loss(
     model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor, divisor: float
 ) -> torch.Tensor:
-    """The micro-batch's summed token loss / ``divisor``. The fp32 logits die here, before the caller's backward:
-    the loss keeps its log-softmax output, and a reference to the logits would hold 4 bytes per token and vocabulary
-    entry more through the backward (dry_run.activation_bytes counts the loss's temporaries without them)."""
-    logits = model(inputs)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum") / divisor
+    """The micro-batch's summed token loss / ``divisor``, computed inside the model (model.TokenLoss): no logits
+    tensor comes out to be held through the backward, and a compiled model keeps only the bf16 logits for it."""
+    return model(inputs, labels=labels) / divisor
 
 
 def accumulate_gradients(
