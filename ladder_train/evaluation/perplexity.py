@@ -9,7 +9,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..data.errors import DataError
 from ..data.packing import IGNORE_INDEX, PackedWindows, collate_windows
@@ -21,9 +20,9 @@ _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "
 
 @torch.no_grad()
 def scored_loss_sum(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
-    """The summed cross-entropy (fp32 logits, float64 sum) over every scored label (not -100) of ``batches``
-    ((inputs, labels), LongTensor (B, T)) and the number of those labels, which may be 0 (chat data: batches
-    without an assistant token). Runs in eval mode and restores the model's mode afterwards."""
+    """The summed cross-entropy (the training loss's, on fp32 logits; float64 sum) over every scored label (not -100)
+    of ``batches`` ((inputs, labels), LongTensor (B, T)) and the number of those labels, which may be 0 (chat data:
+    batches without an assistant token). Runs in eval mode and restores the model's mode afterwards."""
     device = next(model.parameters()).device
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     was_training = model.training
@@ -33,10 +32,7 @@ def scored_loss_sum(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]])
         for inputs, labels in batches:
             inputs, labels = inputs.to(device), labels.to(device)
             with autocast:
-                logits = model(inputs)
-            loss_sum = F.cross_entropy(
-                logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-            )
+                loss_sum = model(inputs, labels=labels)  # the training loss's own code (model.TokenLoss)
             total += loss_sum.double().cpu()
             count += int((labels != IGNORE_INDEX).sum())
     finally:
