@@ -472,6 +472,36 @@ def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     assert rows[0]["compiled"] == {"a": False, "b": False} and "bfloat16 on cpu, eager, torch threads 1" in table
 
 
+# inductor's CPU code generation imports a torch.jit decorator that torch 2.13 deprecates: nothing here to act on
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_loss_ab_rows_their_pairs_and_their_table(tmp_path, capsys):
+    """The loss eager against compiled (inductor on the CPU) at a tiny shape: alternating rows that agree on the
+    loss, the CPU times that make up each round, and the table's cells from them."""
+    from benchmarks import loss_ab
+
+    out = tmp_path / bench_tables.COMPILED_LOSS
+    loss_ab.main(
+        ["--tokens", "512", "--dim", "8", "--vocab", "4096", "--rounds", "2", "--calls", "2", "--out", str(out)]
+    )
+    rows = read(out)
+    assert [(r["round"], r["variant"]) for r in rows] == [(0, "eager"), (0, "compiled"), (1, "eager"), (1, "compiled")]
+    assert all(CONTEXT - {"repeat"} <= set(r) and r["calls"] == 2 and r["dtype"] == "bfloat16" for r in rows)
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-4) and rows[0]["loss"] > 0
+    ratios = [rows[i]["seconds_per_call"] / rows[i + 1]["seconds_per_call"] for i in (0, 2)]
+    assert f"eager / compiled within each pair: median {statistics.median(ratios):.3f}" in capsys.readouterr().out
+
+    table = TABLES["compiled-loss"](tmp_path)
+    user = [rows[i]["user_s_per_call"] / rows[i + 1]["user_s_per_call"] for i in (0, 2)]
+    assert table_row(table, "eager")[1:] == [
+        spread_of([1e3 * r[f] for r in rows[::2]], ".0f") for f in bench_tables.FIELDS
+    ] + [spread_of(ratios, ".2f"), spread_of(user, ".2f")]
+    assert table_row(table, "compiled")[-2:] == ["1.00", "1.00"]
+    assert "2 alternating pairs of rounds of 2 forward and backward calls" in table
+    assert "(512 tokens, dim 8, vocab 4,096: 2,097,152 logits; bfloat16, torch threads 1)" in table
+    faults = [statistics.median(r["page_faults_per_call"] for r in rows[i::2]) for i in (0, 1)]
+    assert f"(per call, eager {faults[0]:,.0f}, compiled {faults[1]:,.0f})" in table
+
+
 def test_train_ab_refuses_a_round_too_short_to_time_and_a_bad_key_before_training(capsys, monkeypatch):
     from benchmarks import train_ab
 

@@ -20,6 +20,7 @@ TRAINER_OVERHEAD = "docs/results/trainer_overhead/cpu.jsonl"  # python -m benchm
 CHECKPOINT = "docs/results/checkpoint/cpu.jsonl"  # python -m benchmarks.checkpoint_stall --out
 COMPILE_WRAPPER = "docs/results/compile_wrapper/cpu.jsonl"  # python -m benchmarks.train_ab --out
 FSDP_UNITS = "docs/results/fsdp_units/cpu.jsonl"  # python -m benchmarks.train_ab --a/--b blocks_per_fsdp_unit --out
+COMPILED_LOSS = "docs/results/compiled_loss/cpu.jsonl"  # python -m benchmarks.loss_ab --out
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -197,6 +198,45 @@ def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
     )
 
 
+FIELDS = ("seconds_per_call", "user_s_per_call", "system_s_per_call")  # benchmarks/loss_ab.py, per call
+VARIANTS = ("eager", "compiled")
+
+
+def loss_ratios(rows: list[dict], field: str = "seconds_per_call") -> list[float]:
+    """benchmarks/loss_ab.py's rows: eager's ``field`` over the compiled loss's within each alternating pair."""
+    per = {(r["invocation"], r["round"], r["variant"]): r[field] for r in rows}
+    return [per[i, p, "eager"] / per[i, p, "compiled"] for (i, p, v) in per if v == "eager"]
+
+
+def compiled_loss(rows: list[dict], path: str = COMPILED_LOSS) -> str:
+    """benchmarks/loss_ab.py: the loss's forward and backward, eager and compiled, in wall and CPU time, and eager's
+    over the compiled one's within each pair."""
+    body = []
+    for name in VARIANTS:
+        mine = [r for r in rows if r["variant"] == name]
+        body.append(
+            [name]
+            + [spread([1e3 * r[field] for r in mine], ".0f") for field in FIELDS]
+            + ["1.00" if name == "compiled" else spread(loss_ratios(rows, field), ".2f") for field in FIELDS[:2]]
+        )
+    first = rows[0]
+    entries = first["tokens"] * first["vocab"]
+    faults = {v: statistics.median(r["page_faults_per_call"] for r in rows if r["variant"] == v) for v in VARIANTS}
+    header = ["loss", "wall ms", "user CPU ms", "system CPU ms", "eager / compiled, wall", "eager / compiled, user CPU"]
+    return (
+        markdown_table(header, body)
+        + f"\n\n{len(loss_ratios(rows))} alternating pairs of rounds of {first['calls']} forward and backward calls of "
+        f"`model.TokenLoss` ({first['tokens']:,} tokens, dim {first['dim']}, vocab {first['vocab']:,}: "
+        f"{entries:,} logits; {first['dtype']}, torch threads "
+        f"{'/'.join(sorted({str(r['host']['torch_threads']) for r in rows}))}), medians (lowest–highest) per call; the "
+        "ratios are taken within each pair. System CPU time goes with the minor page faults of each fresh large "
+        f"buffer the kernel maps in (per call, eager {faults['eager']:,.0f}, compiled {faults['compiled']:,.0f}), "
+        "which a GPU's caching allocator does not pay: the user CPU ratio is the closer stand-in for a GPU. "
+        + provenance(rows, path)
+        + "\n"
+    )
+
+
 def checkpoint_stall(rows: list[dict], path: str = CHECKPOINT) -> str:
     """benchmarks/checkpoint_stall.py part 1: per checkpoint setting, the training's total time, its median step
     and the stall per save."""
@@ -256,5 +296,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "checkpoint-stall": from_file(CHECKPOINT, checkpoint_stall),
     "compile-wrapper": from_file(COMPILE_WRAPPER, trainer_ab),
     "fsdp-units": from_file(FSDP_UNITS, trainer_ab),
+    "compiled-loss": from_file(COMPILED_LOSS, compiled_loss),
     "checkpoint-size": from_file(CHECKPOINT, checkpoint_sizes),
 }
