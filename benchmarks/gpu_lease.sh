@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # A short GPU lease's worth of the project's GPU checks, in two device calls of under 10 minutes each, on a bare,
 # offline machine that received the checkout with .gpu/ (bash benchmarks/gpu_prepare.sh):
-#   OUT=DIR bash benchmarks/gpu_lease.sh check   # gpu_check: ceilings, standard at micro-batches 2 and 8, each as it
-#                                                # is, with the blocks' host code in C++, and in FSDP units of 4
-#                                                # blocks (+ micro-batch 2 profiled), whole-1.2B decode with GEMV
-#                                                # tuning (~7.5 min, estimated; the untuned row is 2026-11-27's)
+#   OUT=DIR bash benchmarks/gpu_lease.sh check   # the loss alone, eager against compiled, at the 1.2B's micro-batch
+#                                                # 8 (loss_ab, at most LOSS_S); gpu_check: ceilings, standard at
+#                                                # micro-batches 2 and 8, each as it is, with the blocks' host code in
+#                                                # C++, and in FSDP units of 4 blocks (+ micro-batch 2 profiled),
+#                                                # whole-1.2B decode with GEMV tuning (~8 min, estimated; the untuned
+#                                                # row is 2026-11-27's)
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                # many as start within STUDY_S (~5 min with the defaults)
-# Each writes at most 6 files under OUT (the device tool brings back 8). Knobs: CHECK_S (gpu_check's outer limit:
-# 520, for a device call of timeout_s 580), CHECK (its arguments), STUDY_S (180; a call of timeout_s 450), PYTHON
+# Each writes at most 7 files under OUT (the device tool brings back 8). Knobs: LOSS_S (60) and CHECK_S (gpu_check's
+# outer limit: 520), for a device call of timeout_s 590; CHECK (gpu_check's arguments), STUDY_S (180; a call of timeout_s 450), PYTHON
 # (python3), SEEDS (3,4,5,6,7,8,9,10), TINY=1 (the CPU at tiny sizes: a check of this script). Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl; study.tgz holds the finished runs
 # as the study runner collects them (for docs/results/study_small/); remake the tables.
 set -u
@@ -27,8 +29,15 @@ case "$PART" in
     else
       read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.compile_wrapper=cpp --variant parallel.blocks_per_fsdp_unit=4 --profile --keep-trace --decode-layers 40 --gemv-tuning on}"
     fi
+    if [ -n "${TINY:-}" ]; then
+      LOSS=(--tokens 512 --dim 8 --vocab 4096 --rounds 1 --calls 2)
+    else
+      LOSS=(--device cuda --tokens 16384 --dim 2048 --rounds 3 --calls 5)
+    fi
+    timeout -s TERM "${LOSS_S:-60}" "${PYTHON:-python3}" -m benchmarks.loss_ab "${LOSS[@]}" --out "$OUT/loss_ab.jsonl" \
+      2>&1 | tee "$OUT/check.log"
     timeout -s TERM "${CHECK_S:-520}" "${PYTHON:-python3}" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
-      | tee "$OUT/check.log"
+      | tee -a "$OUT/check.log"
     cp "$W/check/gpu.jsonl" "$OUT/" 2>/dev/null
     mv "$W"/check/logs/*/*.trace.json.gz "$OUT/" 2>/dev/null
     tar czf "$OUT/check_logs.tgz" -C "$W/check" logs 2>/dev/null

@@ -502,6 +502,25 @@ def test_loss_ab_rows_their_pairs_and_their_table(tmp_path, capsys):
     assert f"(per call, eager {faults[0]:,.0f}, compiled {faults[1]:,.0f})" in table
 
 
+def test_the_compiled_loss_table_of_gpu_rows_shows_the_peak_per_logit():
+    """Rows as ``--device cuda`` writes them (peak bytes above the inputs): the table gives each variant's peak per
+    logit and no CPU times."""
+    host = {"cpu_model": "x", "cpu_count": 16, "torch_threads": 16, "gpu": "NVIDIA H200", "versions": {"torch": "2.11"}}
+    context = {"invocation": "i", "command": "python -m benchmarks.loss_ab --device cuda", "date": "2026-11-29"}
+    context |= {"host": host, "device": "cuda", "tokens": 1024, "dim": 64, "vocab": 2048, "calls": 5}
+    context["dtype"] = "bfloat16"
+    rows = [
+        {**context, "round": p, "variant": v, "seconds_per_call": t, "peak_bytes_over_inputs": peak}
+        for p, (eager, compiled) in enumerate([(0.004, 0.002), (0.006, 0.002)])
+        for v, t, peak in (("eager", eager, 12 * 1024 * 2048), ("compiled", compiled, 2 * 1024 * 2048 + 2**20))
+    ]
+    table = bench_tables.compiled_loss(rows, "docs/results/gpu/x.jsonl")
+    assert table_row(table, "eager")[1:] == ["5.00 (4.00–6.00)", "24", "12.00", "2.50 (2.00–3.00)"]
+    assert table_row(table, "compiled")[1:] == ["2.00", "5", "2.50", "1.00"]
+    assert "(1,024 tokens, dim 64, vocab 2,048: 2,097,152 logits; bfloat16) on NVIDIA H200" in table
+    assert "user CPU" not in table
+
+
 def test_train_ab_refuses_a_round_too_short_to_time_and_a_bad_key_before_training(capsys, monkeypatch):
     from benchmarks import train_ab
 

@@ -209,8 +209,10 @@ def loss_ratios(rows: list[dict], field: str = "seconds_per_call") -> list[float
 
 
 def compiled_loss(rows: list[dict], path: str = COMPILED_LOSS) -> str:
-    """benchmarks/loss_ab.py: the loss's forward and backward, eager and compiled, in wall and CPU time, and eager's
-    over the compiled one's within each pair."""
+    """benchmarks/loss_ab.py: the loss's forward and backward, eager and compiled, in wall and CPU time (on a GPU:
+    wall time and peak memory), and eager's over the compiled one's within each pair."""
+    if rows[0].get("device") == "cuda":
+        return compiled_loss_on_gpu(rows, path)
     body = []
     for name in VARIANTS:
         mine = [r for r in rows if r["variant"] == name]
@@ -232,6 +234,35 @@ def compiled_loss(rows: list[dict], path: str = COMPILED_LOSS) -> str:
         "ratios are taken within each pair. System CPU time goes with the minor page faults of each fresh large "
         f"buffer the kernel maps in (per call, eager {faults['eager']:,.0f}, compiled {faults['compiled']:,.0f}), "
         "which a GPU's caching allocator does not pay: the user CPU ratio is the closer stand-in for a GPU. "
+        + provenance(rows, path)
+        + "\n"
+    )
+
+
+def compiled_loss_on_gpu(rows: list[dict], path: str) -> str:
+    """compiled_loss of rows measured on a GPU: wall time, and the peak bytes above the inputs per logit."""
+    first = rows[0]
+    entries = first["tokens"] * first["vocab"]
+    body = []
+    for name in VARIANTS:
+        mine = [r for r in rows if r["variant"] == name]
+        body.append(
+            [
+                name,
+                spread([1e3 * r["seconds_per_call"] for r in mine], ".2f"),
+                spread([r["peak_bytes_over_inputs"] / 2**20 for r in mine], ",.0f"),
+                spread([r["peak_bytes_over_inputs"] / entries for r in mine], ".2f"),
+                "1.00" if name == "compiled" else spread(loss_ratios(rows), ".2f"),
+            ]
+        )
+    header = ["loss", "ms a call", "peak MiB above the inputs", "peak B per logit", "eager / compiled, wall"]
+    cards = ", ".join(sorted({r["host"]["gpu"] for r in rows}))
+    return (
+        markdown_table(header, body)
+        + f"\n\n{len(loss_ratios(rows))} alternating pairs of rounds of {first['calls']} forward and backward calls of "
+        f"`model.TokenLoss` ({first['tokens']:,} tokens, dim {first['dim']}, vocab {first['vocab']:,}: "
+        f"{entries:,} logits; {first['dtype']}) on {cards}, medians (lowest–highest) per call; the ratios are taken "
+        "within each pair; the peak includes the gradients of the hidden states and the head. "
         + provenance(rows, path)
         + "\n"
     )
