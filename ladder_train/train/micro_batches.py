@@ -36,11 +36,13 @@ def accumulate_gradients(
     data_wait = 0.0
     for micro in range(accumulation):
         last = micro == accumulation - 1
-        if replicate > 1:
-            model.set_requires_all_reduce(last)
-        if accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
-            model.set_requires_gradient_sync(last)
-            model.set_reshard_after_backward(last)
+        # each setter walks every module: set on the first micro-batch and the last, the two where the value changes
+        if micro == 0 or last:
+            if replicate > 1:
+                model.set_requires_all_reduce(last)
+            if accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
+                model.set_requires_gradient_sync(last)
+                model.set_reshard_after_backward(last)
         waited = time.perf_counter()
         inputs, labels = next_batch()
         data_wait += time.perf_counter() - waited
