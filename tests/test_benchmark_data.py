@@ -502,6 +502,13 @@ def test_loss_ab_rows_their_pairs_and_their_table(tmp_path, capsys):
     assert f"(per call, eager {faults[0]:,.0f}, compiled {faults[1]:,.0f})" in table
 
 
+def test_the_trainer_ab_table_says_which_variants_were_compiled():
+    rows = [{"compiled": flags} for flags in ({"a": True, "b": False}, {"a": True, "b": False})]
+    assert bench_tables._compiled(rows) == "compiled: a"
+    assert bench_tables._compiled([{"compiled": {"a": True, "b": True}}]) == "compiled"
+    assert bench_tables._compiled([{"compiled": {"a": False, "b": False}}]) == "eager"
+
+
 def test_the_compiled_loss_table_of_gpu_rows_shows_the_peak_per_logit():
     """Rows as ``--device cuda`` writes them (peak bytes above the inputs): the table gives each variant's peak per
     logit and no CPU times."""
