@@ -4,7 +4,7 @@
 #   OUT=DIR bash benchmarks/gpu_lease.sh check   # the loss alone, eager against compiled, at the 1.2B's micro-batch
 #                                                # 8 (loss_ab, at most LOSS_S); gpu_check: ceilings, standard at
 #                                                # micro-batches 2 and 8, each as it is, with the blocks' host code in
-#                                                # C++, and in FSDP units of 4 blocks (+ micro-batch 2 profiled),
+#                                                # C++, and replayed as CUDA graphs (+ micro-batch 2 profiled),
 #                                                # whole-1.2B decode with GEMV tuning (~8 min, estimated; the untuned
 #                                                # row is 2026-11-27's)
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
@@ -27,7 +27,7 @@ case "$PART" in
     if [ -n "${TINY:-}" ]; then
       read -r -a ARGS <<< "${CHECK:---tiny --layouts standard --profile --keep-trace --decode-layers 2}"
     else
-      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.compile_wrapper=cpp --variant parallel.blocks_per_fsdp_unit=4 --profile --keep-trace --decode-layers 40 --gemv-tuning on}"
+      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.compile_wrapper=cpp --variant parallel.cuda_graphs=true --profile --keep-trace --decode-layers 40 --gemv-tuning on}"
     fi
     if [ -n "${TINY:-}" ]; then
       LOSS=(--tokens 512 --dim 8 --vocab 4096 --rounds 1 --calls 2)

@@ -169,12 +169,12 @@ class ParallelConfig:
     ac_every: int = bounded(2, lambda v: v >= 1, "at least 1")
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
     compile_wrapper: str = choice("python", ("python", "cpp"))  # compiled blocks' host code; cpp: C++, no interpreter
+    cuda_graphs: bool = False  # compiled blocks and loss replayed as CUDA graphs (inductor's; GPU only, FSDP's grads)
     # gradient accumulation over a step's micro-batches: unsharded = the blocks stay gathered and are reduced once per
     # optimizer step (their compute-dtype parameters and fp32 gradients must fit); sharded = FSDP's gather/reduce
     # cycle on every micro-batch (least memory); auto = unsharded where the memory plan says it fits the device
     accumulate: str = choice("auto", ("auto", "unsharded", "sharded"))
-    # consecutive blocks sharded as one FSDP unit: gathered and reduced together, FSDP's hooks run once per unit and
-    # micro-batch (less host work per block); sharded accumulation then holds two units' blocks gathered
+    # consecutive blocks sharded as one FSDP unit: FSDP's hooks run once per unit (sharded: two units gathered)
     blocks_per_fsdp_unit: int = bounded(1, lambda v: v >= 1, "at least 1")
     timeout_s: int = 1800  # init and collective timeout (s): a rank waiting longer fails; rank 0's lm-eval is exempt
 

@@ -31,6 +31,7 @@ def scored_loss_sum(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]])
     try:
         for inputs, labels in batches:
             inputs, labels = inputs.to(device), labels.to(device)
+            torch.compiler.cudagraph_mark_step_begin()  # the last batch's loss is summed: its graphs may replay
             with autocast:
                 loss_sum = model(inputs, labels=labels)  # the training loss's own code (model.TokenLoss)
             total += loss_sum.double().cpu()

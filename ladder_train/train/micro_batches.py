@@ -43,6 +43,9 @@ def accumulate_gradients(
             if accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
                 model.set_requires_gradient_sync(last)
                 model.set_reshard_after_backward(last)
+        # CUDA graph trees (parallel.cuda_graphs): the last micro-batch's graph outputs are consumed (its gradients
+        # are in FSDP's accumulators, its loss in loss_sum), so the next replays may overwrite them; else a no-op
+        torch.compiler.cudagraph_mark_step_begin()
         waited = time.perf_counter()
         inputs, labels = next_batch()
         data_wait += time.perf_counter() - waited
