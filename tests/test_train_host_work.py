@@ -165,5 +165,7 @@ def test_each_micro_batch_lets_cuda_graph_trees_replay_over_the_last_ones_output
     torch.manual_seed(0)
     model = torch.nn.Module()
     model.forward = lambda inputs, labels: (inputs.float() + torch.ones((), requires_grad=True)).sum()
-    accumulate_gradients(model, next_batch, ACCUMULATION, 1.0, torch.device("cpu"))
+    accumulate_gradients(model, next_batch, ACCUMULATION, 1.0, torch.device("cpu"), cuda_graphs=True)
     assert marks == [0, 1, 2] and seen == [1, 2, 3]  # one mark before each micro-batch's data and forward
+    accumulate_gradients(model, next_batch, ACCUMULATION, 1.0, torch.device("cpu"))
+    assert marks == [0, 1, 2] and seen == [1, 2, 3, 3, 3, 3]  # without CUDA graphs: none (no inductor import)

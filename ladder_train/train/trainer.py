@@ -237,7 +237,14 @@ class Trainer:
         fetch = self._next_micro_batch if step_batches is None else iter(step_batches).__next__
         split, env = self.batch, self.env
         return accumulate_gradients(
-            self.model, fetch, split.accumulation, tokens_per_rank, env.device, self.accumulate, self.replicate
+            self.model,
+            fetch,
+            split.accumulation,
+            tokens_per_rank,
+            env.device,
+            self.accumulate,
+            self.replicate,
+            self.cfg.parallel.cuda_graphs,
         )
 
     def _choose_accumulation(self) -> tuple[str, str]:
