@@ -10,9 +10,10 @@
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                # many as start within STUDY_S (~5 min with the defaults)
 # Each writes at most 7 files under OUT (the device tool brings back 8). Knobs: LOSS_S (60) and CHECK_S (gpu_check's
-# outer limit: 520), for a device call of timeout_s 590; CHECK (gpu_check's arguments), STUDY_S (180; a call of timeout_s 450), PYTHON
-# (python3), SEEDS (3,4,5,6,7,8,9,10), TINY=1 (the CPU at tiny sizes: a check of this script). Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl; study.tgz holds the finished runs
-# as the study runner collects them (for docs/results/study_small/); remake the tables.
+# outer limit: 520), for a device call of timeout_s 590; CHECK (gpu_check's arguments); STUDY_S (180; a call of
+# timeout_s 450); PYTHON (python3); SEEDS (3,4,5,6,7,8,9,10); TINY=1 (the CPU at tiny sizes: a check of this script).
+# Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl (loss_ab.jsonl beside it); study.tgz holds the
+# finished runs as the study runner collects them (for docs/results/study_small/); remake the tables.
 set -u
 PART=${1:?usage: OUT=DIR bash benchmarks/gpu_lease.sh check|study}
 OUT=${OUT:?set OUT to the folder the results go to}

@@ -82,10 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)  # before the rows' host record, which reports it
     context = invocation("benchmarks.loss_ab", argv)
-    context.update(
-        bench="loss_ab", tokens=args.tokens, dim=args.dim, vocab=args.vocab, calls=args.calls, dtype="bfloat16"
-    )
-    context["device"] = args.device
+    context.update(bench="loss_ab", tokens=args.tokens, dim=args.dim, vocab=args.vocab, calls=args.calls)
+    context.update(dtype="bfloat16", device=args.device)
     compiled = TokenLoss()
     compiled.compile(fullgraph=True)
     variants = {"eager": TokenLoss(), "compiled": compiled}

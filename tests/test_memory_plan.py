@@ -292,9 +292,10 @@ def plan_of_the_code_then(plan, args, tokens: int) -> float:
     and what that code did differently: the trainer computed the loss eagerly outside the model, compiled or not,
     and kept the fp32 logits through the backward (16 bytes per token and vocabulary entry at its start, where
     today's plan counts the model's own loss: 12 eager, 2 and 8 per token compiled; none of these runs checkpointed
-    activations, so the loss is the term the plan's maximum takes); FSDP ran one replica on the 2-D mesh, whose HSDP path held every block's fp32
-    reduce output until the backward's end when gradients accumulated (with the tied head's bf16 gradients in
-    flight then: the head's, the lookup's, their sum); the foreach AdamW kept sqrt(v) of every parameter, 4 bytes."""
+    activations, so the loss is the term the plan's maximum takes); FSDP ran one replica on the 2-D mesh, whose
+    HSDP path held every block's fp32 reduce output until the backward's end when gradients accumulated (with the
+    tied head's bf16 gradients in flight then: the head's, the lookup's, their sum); the foreach AdamW kept sqrt(v)
+    of every parameter, 4 bytes."""
     counts = count_params(args)
     local = counts["total"]  # one GPU
     root = counts["embedding"] + args.dim

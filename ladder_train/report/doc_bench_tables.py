@@ -152,10 +152,11 @@ def trainer_overhead(rows: list[dict], path: str = TRAINER_OVERHEAD) -> str:
     )
 
 
-def pair_ratios(rows: list[dict]) -> list[float]:
-    """benchmarks/train_ab.py's rows: variant b's tokens/s over a's within each alternating pair of rounds."""
-    rate = {(r["invocation"], r["round"], r["variant"]): r["tokens_per_s"] for r in rows}
-    return [rate[i, p, "b"] / rate[i, p, "a"] for (i, p, v) in rate if v == "a"]
+def pair_ratios(rows: list[dict], field: str = "tokens_per_s", over: str = "b", under: str = "a") -> list[float]:
+    """Rows of alternating pairs of rounds (benchmarks/train_ab.py, loss_ab.py): variant ``over``'s ``field`` over
+    variant ``under``'s within each pair (an invocation's round)."""
+    per = {(r["invocation"], r["round"], r["variant"]): r[field] for r in rows}
+    return [per[i, p, over] / per[i, p, under] for (i, p, v) in per if v == under]
 
 
 def _compiled(rows: list[dict]) -> str:
@@ -203,9 +204,8 @@ VARIANTS = ("eager", "compiled")
 
 
 def loss_ratios(rows: list[dict], field: str = "seconds_per_call") -> list[float]:
-    """benchmarks/loss_ab.py's rows: eager's ``field`` over the compiled loss's within each alternating pair."""
-    per = {(r["invocation"], r["round"], r["variant"]): r[field] for r in rows}
-    return [per[i, p, "eager"] / per[i, p, "compiled"] for (i, p, v) in per if v == "eager"]
+    """benchmarks/loss_ab.py's rows: eager's ``field`` over the compiled loss's within each pair."""
+    return pair_ratios(rows, field, over="eager", under="compiled")
 
 
 def compiled_loss(rows: list[dict], path: str = COMPILED_LOSS) -> str:
