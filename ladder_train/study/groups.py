@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -35,18 +35,25 @@ class Group:
 
 
 def flat_config(config) -> dict[str, object]:
-    """A resolved Config as ``{"a.b.c": value}``, without the identity keys."""
-    cfg = OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
+    """A resolved Config as ``{"a.b.c": value}``, without the identity keys. It walks the dataclasses directly:
+    a round trip through ``OmegaConf.structured`` costs ~12 ms a run, and the docs' tables group the same runs
+    many times in one remake."""
     flat: dict[str, object] = {}
 
     def walk(node, prefix):
+        if is_dataclass(node):
+            for entry in fields(node):
+                walk(getattr(node, entry.name), f"{prefix}{entry.name}.")
+            return
+        if OmegaConf.is_config(node):  # a mapping or list field the schema leaves to omegaconf
+            node = OmegaConf.to_container(node, resolve=True)
         if isinstance(node, dict):
             for key, value in node.items():
                 walk(value, f"{prefix}{key}.")
         else:
             flat[prefix[:-1]] = node if not isinstance(node, list) else tuple(node)
 
-    walk(cfg, "")
+    walk(config, "")
     return {k: v for k, v in flat.items() if k not in _IDENTITY_KEYS and not k.startswith(_IDENTITY_PREFIXES)}
 
 
