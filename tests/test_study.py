@@ -467,3 +467,31 @@ def test_power_and_the_pairs_it_takes_match_the_noncentral_t():
     assert [pairs_for_power(0.01, sd) for sd in (0.017, 0.020, 0.025)] == [25, 34, 52]
     assert power(0.01, 0.017, 24) < 0.8 <= power(0.01, 0.017, 25)
     assert pairs_for_power(1e-6, 0.02, most=100) is None
+
+
+def test_flat_config_gives_the_omegaconf_round_trips_keys_and_values_without_the_identity_keys():
+    """flat_config walks the dataclasses (the docs' remakes call it ~180 times); it must give what the resolved
+    OmegaConf container gives, lists as tuples and mappings as keys, for list and mapping fields too."""
+    from ladder_train.config import load_config, to_dict
+    from ladder_train.study.groups import flat_config
+
+    cfg = load_config(
+        REPO / "recipes/smoke.yaml",
+        ["model.rope_scaling={rope_type: linear, factor: 2.0}", "run.seed=7", "wandb.mode=disabled"],
+    )
+
+    def walk(node, prefix, out):
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.", out)
+            else:
+                out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+        return out
+
+    flat = flat_config(cfg)
+    expected = walk(to_dict(cfg), "", {})
+    expected = {k: v for k, v in expected.items() if k not in ("run.seed", "run.name", "run.dir")}
+    assert flat == {k: v for k, v in expected.items() if not k.startswith("wandb.")}
+    assert flat["model.rope_scaling.factor"] == 2.0 and flat["model.rope_scaling.rope_type"] == "linear"
+    assert flat["train.optimizer.betas"] == tuple(cfg.train.optimizer.betas)
+    assert "run.seed" not in flat and not any(key.startswith("wandb.") for key in flat)
