@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int
 from ladder_train.model import TokenLoss
-from ladder_train.report.doc_bench_tables import VARIANTS, loss_ratios
+from ladder_train.report.doc_bench_tables import LOSS_VARIANTS, loss_ratios
 
 
 def inputs(tokens: int, dim: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append({**context, "round": pair, "variant": name, **timed})
         if abs(losses["compiled"] - losses["eager"]) > 1e-4 * abs(losses["eager"]):
             raise BenchmarkError(f"round {pair}: compiled loss {losses['compiled']} against eager {losses['eager']}")
-    for name in VARIANTS:
+    for name in LOSS_VARIANTS:
         ms = statistics.median(1e3 * r["seconds_per_call"] for r in rows if r["variant"] == name)
         print(f"{name}: {ms:.1f} ms a forward and backward (median of {args.rounds} rounds)")
     print(f"eager / compiled within each pair: median {statistics.median(loss_ratios(rows)):.3f}")

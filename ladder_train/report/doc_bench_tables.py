@@ -199,8 +199,8 @@ def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
     )
 
 
-FIELDS = ("seconds_per_call", "user_s_per_call", "system_s_per_call")  # benchmarks/loss_ab.py, per call
-VARIANTS = ("eager", "compiled")
+LOSS_TIME_FIELDS = ("seconds_per_call", "user_s_per_call", "system_s_per_call")  # benchmarks/loss_ab.py, per call
+LOSS_VARIANTS = ("eager", "compiled")
 
 
 def loss_ratios(rows: list[dict], field: str = "seconds_per_call") -> list[float]:
@@ -214,16 +214,19 @@ def compiled_loss(rows: list[dict], path: str = COMPILED_LOSS) -> str:
     if rows[0].get("device") == "cuda":
         return compiled_loss_on_gpu(rows, path)
     body = []
-    for name in VARIANTS:
+    for name in LOSS_VARIANTS:
         mine = [r for r in rows if r["variant"] == name]
         body.append(
             [name]
-            + [spread([1e3 * r[field] for r in mine], ".0f") for field in FIELDS]
-            + ["1.00" if name == "compiled" else spread(loss_ratios(rows, field), ".2f") for field in FIELDS[:2]]
+            + [spread([1e3 * r[field] for r in mine], ".0f") for field in LOSS_TIME_FIELDS]
+            + [
+                "1.00" if name == "compiled" else spread(loss_ratios(rows, field), ".2f")
+                for field in LOSS_TIME_FIELDS[:2]
+            ]
         )
     first = rows[0]
     entries = first["tokens"] * first["vocab"]
-    faults = {v: statistics.median(r["page_faults_per_call"] for r in rows if r["variant"] == v) for v in VARIANTS}
+    faults = {v: statistics.median(r["page_faults_per_call"] for r in rows if r["variant"] == v) for v in LOSS_VARIANTS}
     header = ["loss", "wall ms", "user CPU ms", "system CPU ms", "eager / compiled, wall", "eager / compiled, user CPU"]
     return (
         markdown_table(header, body)
@@ -244,7 +247,7 @@ def compiled_loss_on_gpu(rows: list[dict], path: str) -> str:
     first = rows[0]
     entries = first["tokens"] * first["vocab"]
     body = []
-    for name in VARIANTS:
+    for name in LOSS_VARIANTS:
         mine = [r for r in rows if r["variant"] == name]
         body.append(
             [
