@@ -26,6 +26,7 @@ from ..study import (
     power,
     sweeps,
 )
+from ..study.stats import pooled_sd
 from .runs import read_run, train_tokens_per_s
 from .study import comparison_section
 from .tables import markdown_table
@@ -136,7 +137,7 @@ def study_paper_gap(root: Path) -> str:
     loss = _loss_differences(groups, baseline)
     tested = [row.difference for row in loss if row.difference is not None]
     ladder = _ladder_difference(loss)
-    pooled = math.sqrt(statistics.fmean(d.sd**2 for d in tested))
+    pooled = pooled_sd(tested)
     n = ladder.n
     paper = {(row.size, row.residual): row.wikitext_ppl for row in PRETRAINING}
     gaps = [
@@ -161,8 +162,33 @@ def study_paper_gap(root: Path) -> str:
         + f"\n\nBytes per word {bytes_per_word:.2f}: ln(word perplexity) / ln(byte perplexity) of `wikitext2_local` in "
         f"the baseline's seed-{baseline.runs[0].seed} run. The paper's Wikitext perplexities are its Table 3 "
         f"(`ladder_train/paper.py`). Pair sd: the ladder − standard validation-loss pairs' ({ladder.sd:.4f}) and the "
-        f"pooled sd of the {len(tested)} comparisons with the baseline ({pooled:.4f}), over the seeds in "
-        f"`{STUDY_SEEDS}`. Power: two-sided paired t test at 95 % (noncentral t).\n"
+        f"pooled sd of the {len(tested)} comparisons with the baseline ({pooled:.4f}), each comparison's variance "
+        f"weighted by its degrees of freedom, n − 1 (pairs: {_pair_counts(loss)}), over the seeds in "
+        f"`{STUDY_SEEDS}`. Power: two-sided paired t test at 95 % (noncentral t). "
+        f"{_controls_power(loss, baseline, pooled)}\n"
+    )
+
+
+def _pair_counts(loss: list) -> str:
+    """The pair count of each comparison a pooled sd pools: 'ladder 13, parallel 3, ...'."""
+    return ", ".join(f"{row.group.label} {row.difference.n}" for row in loss if row.difference is not None)
+
+
+def _controls_power(loss: list, baseline, pooled: float) -> str:
+    """The power of each control's own pairs to detect a true difference of its measured size at the pooled sd (the
+    controls are the baseline's layout at another depth): what their misses say about the design."""
+    residual = baseline.runs[0].residual
+    controls = [row for row in loss if row.difference is not None and row.group.runs[0].residual == residual]
+    if not controls:
+        return ""
+    figures = "; ".join(
+        f"{row.group.label} {row.difference.mean:+.4f} over {row.difference.n} pairs: "
+        f"{100 * power(abs(row.difference.mean), pooled, row.difference.n):.0f} %"
+        for row in controls
+    )
+    return (
+        f"At the pooled sd, each control's pairs detect a true difference of its measured size with probability "
+        f"{figures}."
     )
 
 

@@ -101,6 +101,16 @@ def pairs_for_power(effect: float, sd: float, target: float = 0.8, confidence: f
     return n
 
 
+def pooled_sd(differences: list[PairedDifference]) -> float:
+    """The pair sd pooled over comparisons that share one spread: each comparison's variance weighted by its degrees
+    of freedom, sqrt(sum (n_i - 1) sd_i^2 / sum (n_i - 1)), so that a comparison of thirteen pairs weighs six times
+    one of three (an unweighted mean of variances would weigh them alike)."""
+    if not differences:
+        raise ValueError("a pooled sd needs at least one comparison")
+    df = sum(d.n - 1 for d in differences)
+    return math.sqrt(sum((d.n - 1) * d.sd**2 for d in differences) / df)
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment of p-values for testing them together (same order as given): the k-th smallest
     times the number not yet passed, never below an earlier adjusted one, at most 1."""
