@@ -1,11 +1,12 @@
 """The layout study's figures in docs/results.md that its tables make beyond a cell: the pooled pair sd behind the
-power figures, recomputed by hand from the committed runs."""
+power figures, recomputed by hand from the committed runs, and the runs' wall time from their metrics' clock times."""
 
 from __future__ import annotations
 
 import json
 import math
 import statistics
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,50 @@ def test_the_paper_gap_tables_pooled_sd_is_the_committed_pairs_weighted_by_degre
     text = (ROOT / "docs/results.md").read_text()
     assert text.count("pooled pair sd 0.023") == 2 and "pooled pair sd 0.022" not in text
     assert "needs 49 / 45 pairs at the ladder's and the pooled sd (the table above), at a true 0.02 14 / 13" in text
+
+
+def test_the_seeds_note_gives_the_timed_runs_wall_time_first_row_to_last_with_resumes_counted(tmp_path):
+    from fabricate import fabricate_run
+
+    from ladder_train.report.doc_study_tables import STUDY_SEEDS
+    from ladder_train.report.docs_tables import make_table
+
+    seeds = tmp_path / STUDY_SEEDS
+    seeds.mkdir(parents=True)
+    for layout, base in (("standard", 2.0), ("ladder", 2.1)):
+        for seed in range(4):
+            fabricate_run(seeds, f"{layout}_s{seed}", layout, base + seed / 100, [f"run.seed={seed}"], summary={})
+    # seeds 2 and 3 carry clock times, a row a minute apart (and seed 3's standard run replays steps 4-6 after a
+    # 30-minute pause); seeds 0 and 1 carry none, as the rows written before 2026-11-27
+    start = 1_700_000_000
+    for name, pause_at in (("standard_s2", None), ("ladder_s2", None), ("standard_s3", 7), ("ladder_s3", None)):
+        metrics = seeds / name / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        if pause_at is not None:
+            train = [row for row in rows if "loss" in row]
+            at = rows.index(train[pause_at - 1]) + 1
+            rows = rows[:at] + [{**row, "resumed": True} for row in train[3:6]] + rows[at:]
+        clock, out = start, []
+        for row in rows:
+            clock += 60 + (1800 if row.get("resumed") and row["step"] == 4 else 0)
+            out.append(json.dumps({**row, "time": datetime.fromtimestamp(clock, UTC).isoformat()}))
+        metrics.write_text("\n".join(out) + "\n")
+    note = make_table("study-seeds", tmp_path).split("\n\n")[-1]
+    # fabricated runs log 12 rows (10 training, 2 validation): 11 minutes first to last; the resumed one 3 rows
+    # more and the pause: 14 + 30 = 44 minutes. Median of 11, 11, 11, 44: 11
+    assert (
+        "Wall time of the 4 runs whose metrics rows carry clock times (seeds 2-3), from the first logged row (step 1) "
+        "to the last (the end-of-run evaluation): median 11 min (11–44); 1 of them was cut off and resumed, their "
+        "pause and replayed steps included." in note
+    )
+
+
+def test_the_committed_seeds_wall_time_is_the_one_results_md_quotes():
+    from ladder_train.report.docs_tables import make_table
+
+    note = make_table("study-seeds", ROOT).split("\n\n")[-1]
+    assert "Wall time of the 20 runs whose metrics rows carry clock times (seeds 3-12)" in note
+    assert "median 71 min (56–125); 6 of them were cut off and resumed" in note
+    text = " ".join((ROOT / "docs/results.md").read_text().split())
+    assert "Seeds 3-12's runs took 56-125 minutes each on this VM, median 71," in text
+    assert "six of the twenty were cut off and resumed" in text and "about 56 minutes" not in text

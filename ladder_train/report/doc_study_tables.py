@@ -9,6 +9,8 @@ import json
 import math
 import statistics
 from collections.abc import Callable
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 from ..option_errors import desync_every, layout_name
@@ -27,7 +29,7 @@ from ..study import (
     sweeps,
 )
 from ..study.stats import pooled_sd
-from .runs import read_run, train_tokens_per_s
+from .runs import read_metrics, read_run, train_tokens_per_s
 from .study import comparison_section
 from .tables import markdown_table
 
@@ -122,8 +124,50 @@ def study_seeds(root: Path) -> str:
         f"seeds 3-12 of standard and the ladder; seeds per group: {seeds}); "
         f"from `{STUDY_SEEDS}`. A difference needs two paired seeds for an interval. Training speed (each run's "
         f"median logged tokens/s; the median run, then the slowest–fastest): {statistics.median(speeds):,.0f} "
-        f"({speeds[0]:,.0f}–{speeds[-1]:,.0f}); the 2-core VM was shared with other work during part of some runs.\n"
+        f"({speeds[0]:,.0f}–{speeds[-1]:,.0f}); the 2-core VM was shared with other work during part of some runs."
+        f"{_wall_note(runs)}\n"
     )
+
+
+def _wall_note(runs: list) -> str:
+    """The wall time of the runs whose metrics rows carry clock times (rows written since 2026-11-27): first to last
+    row, the end-of-run evaluation and any cut-off-and-resumed run's pause included."""
+    timed = [(run, wall) for run in runs if (wall := _wall(run)) is not None]
+    if not timed:
+        return ""
+    minutes = sorted(wall[0] for _, wall in timed)
+    resumed = sum(wall[1] for _, wall in timed)
+    first = sorted({wall[2] for _, wall in timed})
+    seeds = _seed_ranges(sorted({run.seed for run, _ in timed}))
+    return (
+        f" Wall time of the {len(timed)} runs whose metrics rows carry clock times (seeds {seeds}), from the first "
+        f"logged row (step {', '.join(map(str, first))}) to the last (the end-of-run evaluation): median "
+        f"{statistics.median(minutes):.0f} min ({minutes[0]:.0f}–{minutes[-1]:.0f}); {resumed} of them "
+        f"{'was' if resumed == 1 else 'were'} cut off and resumed, their pause and replayed steps included."
+    )
+
+
+def _wall(run) -> tuple[float, bool, int] | None:
+    """Minutes from the run's first metrics row to its last, whether it was resumed (a training row's step at or
+    below an earlier one's) and the first row's step; None where a row carries no time."""
+    records = read_metrics(run.path / "metrics.jsonl")
+    if not records or any("time" not in record for record in records):
+        return None
+    times = [datetime.fromisoformat(record["time"]) for record in records]
+    steps = [record["step"] for record in records if "loss" in record]
+    resumed = any(b <= a for a, b in pairwise(steps))
+    return (max(times) - min(times)).total_seconds() / 60, resumed, records[0]["step"]
+
+
+def _seed_ranges(seeds: list[int]) -> str:
+    """[3, 4, 5, 7] -> '3-5, 7'."""
+    spans: list[list[int]] = []
+    for seed in seeds:
+        if spans and seed == spans[-1][-1] + 1:
+            spans[-1].append(seed)
+        else:
+            spans.append([seed])
+    return ", ".join(str(s[0]) if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
 
 
 def study_paper_gap(root: Path) -> str:
