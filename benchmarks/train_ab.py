@@ -1,9 +1,9 @@
 """Two trainer settings side by side: alternating rounds of the real trainer, each in a fresh run folder.
 
-    python -m benchmarks.train_ab [--a KEY=VALUE ...] [--b KEY=VALUE ...] [--steps 20] [--rounds 5]
+    python -m benchmarks.train_ab --a KEY=VALUE [--a ...] --b KEY=VALUE [--b ...] [--steps 20] [--rounds 5]
                                   [--threads 1] [--out FILE.jsonl] [key=value ...]
 
-By default it measures ``parallel.compile_wrapper`` python (a) against cpp (b) on a host-bound step: a model so
+It measures variant a against variant b on a host-bound step by default: a model so
 small (16 layers of dim 32, micro-batches of 2 x 16 tokens, fp32) that the host's work per block call, not the
 arithmetic, sets the step time, as at micro-batch 2 of the 1.2B on an H100 (docs/benchmarks.md). On the CPU that
 is an emulation: the interpreter's and dispatcher's share of a block call is timed, a GPU's launch costs are not,
@@ -55,8 +55,6 @@ HOST_BOUND = [
     "parallel.accumulate=unsharded",
     "wandb.mode=disabled",
 ]
-DEFAULT_A = ["parallel.compile_wrapper=python"]
-DEFAULT_B = ["parallel.compile_wrapper=cpp"]
 WARMUP_STEPS = 4  # the untimed round that compiles each variant
 MIN_STEPS = 4  # a round times its second half: at least two steps after its first
 
@@ -83,8 +81,8 @@ def block_calls_per_step(cfg) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", action="append", default=None, metavar="KEY=VALUE", help="variant a's overrides")
-    parser.add_argument("--b", action="append", default=None, metavar="KEY=VALUE", help="variant b's overrides")
+    parser.add_argument("--a", action="append", required=True, metavar="KEY=VALUE", help="variant a's overrides")
+    parser.add_argument("--b", action="append", required=True, metavar="KEY=VALUE", help="variant b's overrides")
     parser.add_argument("--steps", type=positive_int, default=20, help="steps per round (its second half is timed)")
     parser.add_argument("--rounds", type=positive_int, default=5, help="alternating pairs of timed rounds")
     parser.add_argument(
@@ -95,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.steps < MIN_STEPS:
         parser.error(f"--steps {args.steps}: a round times its second half, so it needs at least {MIN_STEPS} steps")
-    variants = {"a": args.a or DEFAULT_A, "b": args.b or DEFAULT_B}
+    variants = {"a": args.a, "b": args.b}
     # each variant's config is checked before anything runs: a bad key fails in one line, not after round one
     try:
         configs = {name: load_config(None, HOST_BOUND + args.overrides + extra) for name, extra in variants.items()}

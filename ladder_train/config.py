@@ -168,8 +168,6 @@ class ParallelConfig:
     activation_checkpoint: str = choice("none", ("none", "full", "every_n", "selective"))
     ac_every: int = bounded(2, lambda v: v >= 1, "at least 1")
     compile: bool = False  # torch.compile each block (a cold compile costs ~30 s; no gain on CPU)
-    compile_wrapper: str = choice("python", ("python", "cpp"))  # compiled blocks' host code; cpp: C++, no interpreter
-    cuda_graphs: bool = False  # compiled blocks and loss replayed as CUDA graphs (inductor's; GPU only, FSDP's grads)
     # gradient accumulation over a step's micro-batches: unsharded = the blocks stay gathered and are reduced once per
     # optimizer step (their compute-dtype parameters and fp32 gradients must fit); sharded = FSDP's gather/reduce
     # cycle on every micro-batch (least memory); auto = unsharded where the memory plan says it fits the device

@@ -115,19 +115,6 @@ def _check_training(cfg) -> None:
         raise ConfigError(
             f"key 'parallel.timeout_s' must be a positive number of seconds, got {cfg.parallel.timeout_s}"
         )
-    if cfg.parallel.compile_wrapper != "python" and not cfg.parallel.compile:
-        raise ConfigError(
-            f"key 'parallel.compile_wrapper'={cfg.parallel.compile_wrapper} needs parallel.compile=true: "
-            "it is the host code of compiled blocks"
-        )
-    if cfg.parallel.cuda_graphs and not cfg.parallel.compile:
-        raise ConfigError("key 'parallel.cuda_graphs'=true needs parallel.compile=true: it replays compiled graphs")
-    if cfg.parallel.cuda_graphs and t.dtype == "fp32":
-        # one fp32 process trains without FSDP: autograd would keep a graph's gradient output as .grad across replays
-        raise ConfigError(
-            "key 'parallel.cuda_graphs'=true needs train.dtype bf16 or auto: the gradients must leave the graphs' "
-            "memory through FSDP's bf16 path before the next replay"
-        )
     if t.micro_batch_size <= 0 or t.global_batch_size <= 0:
         raise ConfigError("keys 'train.global_batch_size' and 'train.micro_batch_size' must be positive")
     if t.global_batch_size % t.micro_batch_size:

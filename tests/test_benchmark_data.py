@@ -442,8 +442,8 @@ def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(
 @pytest.mark.slow
 def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     """Two settings side by side, eager so that nothing is generated: FSDP's two accumulation modes (bf16, one
-    process). The default pair, parallel.compile_wrapper python against cpp, is the same loop compiled."""
-    out = tmp_path / bench_tables.COMPILE_WRAPPER
+    process)."""
+    out = tmp_path / bench_tables.FSDP_UNITS
     variants = ["--a", "parallel.accumulate=unsharded", "--b", "parallel.accumulate=sharded"]
     args = ["--steps", "4", "--rounds", "2", *variants, "--out", str(out), *TINY, "parallel.compile=false"]
     args.append("train.dtype=bf16")  # FSDP's: one fp32 process would train without it
@@ -461,7 +461,7 @@ def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     ratios = [rows[i + 1]["tokens_per_s"] / rows[i]["tokens_per_s"] for i in (0, 2)]
     assert f"b / a tokens/s within each pair: median {statistics.median(ratios):.3f}" in done.stdout
 
-    table = TABLES["compile-wrapper"](tmp_path)
+    table = TABLES["fsdp-units"](tmp_path)
     assert table_row(table, "a: `parallel.accumulate=unsharded`")[1:] == [
         spread_of([r["step_ms_per_block_call"] for r in rows[::2]], ".3f"),
         spread_of([r["tokens_per_s"] for r in rows[::2]], ",.0f"),
@@ -533,10 +533,13 @@ def test_train_ab_refuses_a_round_too_short_to_time_and_a_bad_key_before_trainin
 
     monkeypatch.setattr(train_ab, "init_distributed", lambda: pytest.fail("a trainer was started"))
     with pytest.raises(SystemExit):
-        train_ab.main(["--steps", "3"])
+        train_ab.main(["--steps", "3", "--a", "parallel.accumulate=sharded", "--b", "parallel.accumulate=unsharded"])
     assert "--steps 3: a round times its second half, so it needs at least 4 steps" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        train_ab.main(["--b", "parallel.compile_wrapper=rust"])
+        train_ab.main(["--a", "parallel.accumulate=sharded", "--b", "parallel.accumulate=rust"])
     assert str(exit_.value) == (
-        "benchmarks.train_ab: key 'parallel.compile_wrapper' must be one of python, cpp, got 'rust'"
+        "benchmarks.train_ab: key 'parallel.accumulate' must be one of auto, unsharded, sharded, got 'rust'"
     )
+    with pytest.raises(SystemExit):  # two variants to compare, named: there is no default pair
+        train_ab.main(["--a", "parallel.accumulate=sharded"])
+    assert "the following arguments are required: --b" in capsys.readouterr().err

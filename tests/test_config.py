@@ -75,9 +75,9 @@ def test_heads_not_dividing_hidden_size():
         ("data.seq_len=4096", r"'data.seq_len'=4096 exceeds model.max_seq_len=2048"),
         ("model.n_kv_heads=5", r"'model.n_kv_heads'=5 must be positive and divide"),
         ("nonsense", r"not of the form key=value"),
-        ("parallel.compile_wrapper=cpp", r"^key 'parallel.compile_wrapper'=cpp needs parallel.compile=true: it is"),
-        ("parallel.compile_wrapper=rust", r"'parallel.compile_wrapper' must be one of python, cpp, got 'rust'"),
-        ("parallel.cuda_graphs=true", r"^key 'parallel.cuda_graphs'=true needs parallel.compile=true: it replays"),
+        # the settings an H200 refused (a crash, a 3.5x slower step) are gone: named as unknown keys
+        ("parallel.compile_wrapper=cpp", r"unknown key 'parallel.compile_wrapper'"),
+        ("parallel.cuda_graphs=true", r"unknown key 'parallel.cuda_graphs'"),
     ],
 )
 def test_impossible_values(override, pattern):
@@ -209,14 +209,3 @@ def test_each_fields_choices_and_range_sit_beside_the_field_and_are_checked():
         load_config(REPO / "recipes/smoke.yaml", ["train.spike.threshold=-1"])
     with pytest.raises(ConfigError, match=r"^key 'eval.mode' must be one of inprocess, slurm, got 'later'$"):
         load_config(REPO / "recipes/smoke.yaml", ["eval.mode=later"])
-
-
-def test_cuda_graphs_are_refused_where_autograd_would_keep_a_graphs_gradient_output():
-    on = ["parallel.compile=true", "parallel.cuda_graphs=true"]
-    with pytest.raises(ConfigError) as err:
-        load_config(None, [*on, "train.dtype=fp32"])
-    assert str(err.value) == (
-        "key 'parallel.cuda_graphs'=true needs train.dtype bf16 or auto: the gradients must leave the graphs' "
-        "memory through FSDP's bf16 path before the next replay"
-    )
-    assert load_config(None, [*on, "train.dtype=bf16"]).parallel.cuda_graphs is True

@@ -48,7 +48,7 @@ def test_training_table_rows_and_plan_error(tmp_path):
         train_row("standard", 2, 33801.6, 0.2992, 30.0, 29.7),
         train_row("ladder", 1, 9246.0, 0.218, 70.0, 70.7, recipe="recipes/ladder_3b.yaml", kind="big", compiled=False),
         train_row("parallel", 2, 1.0, 0.1, 1.0, 1.0, error="FAILED (exit 1): boom"),  # a failed part is left out
-        train_row("standard", 2, 40000.0, 0.354, 30.0, 29.7, variant=["parallel.compile_wrapper=cpp"]),
+        train_row("standard", 2, 40000.0, 0.354, 30.0, 29.7, variant=["parallel.blocks_per_fsdp_unit=4"]),
     ]
     text = gpu.training(write(tmp_path, rows))(tmp_path)
     lines = text.splitlines()
@@ -60,7 +60,7 @@ def test_training_table_rows_and_plan_error(tmp_path):
         == "| 3.5B | ladder | 1 | unsharded | eager | 6–14 | 9,246 (8,246–9,746) | 21.8 % | 70.00 | 70.70 | +1.0 % |"
     )
     assert lines[4].startswith(
-        "| 1.2B | standard | 2 | unsharded | compiled, `parallel.compile_wrapper=cpp` | 6–14 | 40,000 "
+        "| 1.2B | standard | 2 | unsharded | compiled, `parallel.blocks_per_fsdp_unit=4` | 6–14 | 40,000 "
     )
     assert len([x for x in lines if x.startswith("| ")]) == 5  # header + 3 rows: the failed part is not a row
     assert "1 invocation(s): `python -m benchmarks.gpu_check --out X`" in text and text.endswith(".\n")

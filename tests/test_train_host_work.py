@@ -150,22 +150,3 @@ def test_the_record_sees_waits_and_copies():
         x.add_(1)  # on the device: not recorded
     assert record.waits == ["aten._local_scalar_dense.default", "aten.nonzero.default"]
     assert record.to_device == ["aten._to_copy.default"]
-
-
-def test_each_micro_batch_lets_cuda_graph_trees_replay_over_the_last_ones_outputs(monkeypatch):
-    """parallel.cuda_graphs: before each micro-batch the loop tells CUDA graph trees that the outputs of the one before
-    are consumed (gradients in FSDP's accumulators, the loss summed), so the graphs replay instead of re-recording."""
-    marks, seen = [], []
-    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(len(seen)))
-
-    def next_batch():
-        seen.append(len(marks))
-        return torch.zeros(MICRO, SEQ, dtype=torch.long), torch.zeros(MICRO, SEQ, dtype=torch.long)
-
-    torch.manual_seed(0)
-    model = torch.nn.Module()
-    model.forward = lambda inputs, labels: (inputs.float() + torch.ones((), requires_grad=True)).sum()
-    accumulate_gradients(model, next_batch, ACCUMULATION, 1.0, torch.device("cpu"), cuda_graphs=True)
-    assert marks == [0, 1, 2] and seen == [1, 2, 3]  # one mark before each micro-batch's data and forward
-    accumulate_gradients(model, next_batch, ACCUMULATION, 1.0, torch.device("cpu"))
-    assert marks == [0, 1, 2] and seen == [1, 2, 3, 3, 3, 3]  # without CUDA graphs: none (no inductor import)

@@ -19,13 +19,10 @@ _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "
 
 
 @torch.no_grad()
-def scored_loss_sum(
-    model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], cuda_graphs: bool = False
-) -> tuple[float, int]:
+def scored_loss_sum(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, int]:
     """The summed cross-entropy (the training loss's, on fp32 logits; float64 sum) over every scored label (not -100)
     of ``batches`` ((inputs, labels), LongTensor (B, T)) and the number of those labels, which may be 0 (chat data:
-    batches without an assistant token). Runs in eval mode and restores the model's mode afterwards. ``cuda_graphs``:
-    the model's compiled graphs replay as CUDA graphs (parallel.cuda_graphs); each batch starts a new step of them."""
+    batches without an assistant token). Runs in eval mode and restores the model's mode afterwards."""
     device = next(model.parameters()).device
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     was_training = model.training
@@ -34,8 +31,6 @@ def scored_loss_sum(
     try:
         for inputs, labels in batches:
             inputs, labels = inputs.to(device), labels.to(device)
-            if cuda_graphs:  # the last batch's loss is summed: its graphs may replay over their outputs
-                torch.compiler.cudagraph_mark_step_begin()
             with autocast:
                 loss_sum = model(inputs, labels=labels)  # the training loss's own code (model.TokenLoss)
             total += loss_sum.double().cpu()

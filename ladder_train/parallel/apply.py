@@ -56,25 +56,16 @@ COMPILE_BACKEND_ENV = "LADDER_COMPILE_BACKEND"
 DEFAULT_COMPILE_BACKEND = "inductor"
 
 
-def apply_compile(
-    model: Transformer, backend: str | None = None, wrapper: str = "python", cuda_graphs: bool = False
-) -> None:
+def apply_compile(model: Transformer, backend: str | None = None) -> None:
     """Compile each block on its own, and the loss (model.TokenLoss); blocks of one kind share one graph (a
     ladder's first block, which has no pending outputs, and blocks with or without a checkpoint wrapper are the
     other kinds). FSDP's hooks are marked dynamo-disabled and stay outside the graph: no block breaks or recompiles
-    for its sharding.
-    ``wrapper`` (parallel.compile_wrapper) is the language of inductor's host code around the kernels; the
-    other backends generate none. ``cuda_graphs`` (parallel.cuda_graphs): inductor records each graph's kernels on
-    a GPU once and replays them (its CUDA graph trees: the launches of a block call become one), what
-    ``mode="reduce-overhead"`` turns on; inductor skips it for CPU tensors."""
+    for its sharding."""
     backend = backend or os.environ.get(COMPILE_BACKEND_ENV) or DEFAULT_COMPILE_BACKEND
-    options = None
-    if backend == "inductor" and (wrapper == "cpp" or cuda_graphs):
-        options = {"cpp_wrapper": wrapper == "cpp", "triton.cudagraphs": cuda_graphs}
     for block in model.layers:
-        block.compile(backend=backend, options=options)
+        block.compile(backend=backend)
     # one graph: the upcast fused into the softmax's reductions, only the bf16 logits kept for the backward
-    model.loss.compile(backend=backend, options=options, fullgraph=True)
+    model.loss.compile(backend=backend, fullgraph=True)
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype, blocks_per_unit: int = 1) -> None:
@@ -116,7 +107,7 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype, b
 def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param_dtype: torch.dtype) -> Transformer:
     apply_activation_checkpointing(model, cfg.activation_checkpoint, cfg.ac_every)
     if cfg.compile:
-        apply_compile(model, wrapper=cfg.compile_wrapper, cuda_graphs=cfg.cuda_graphs)
+        apply_compile(model)
     # one fp32 process has nothing to shard, reduce or cast: FSDP would only add copies per step
     if mesh.size() > 1 or param_dtype != torch.float32:
         apply_fsdp(model, mesh, param_dtype, cfg.blocks_per_fsdp_unit)

@@ -18,7 +18,6 @@ from .tables import markdown_table
 DATA_PIPELINE = "docs/results/data_pipeline/cpu.jsonl"  # python -m benchmarks.data_loader --out
 TRAINER_OVERHEAD = "docs/results/trainer_overhead/cpu.jsonl"  # python -m benchmarks.train_step --out
 CHECKPOINT = "docs/results/checkpoint/cpu.jsonl"  # python -m benchmarks.checkpoint_stall --out
-COMPILE_WRAPPER = "docs/results/compile_wrapper/cpu.jsonl"  # python -m benchmarks.train_ab --out
 FSDP_UNITS = "docs/results/fsdp_units/cpu.jsonl"  # python -m benchmarks.train_ab --a/--b blocks_per_fsdp_unit --out
 COMPILED_LOSS = "docs/results/compiled_loss/cpu.jsonl"  # python -m benchmarks.loss_ab --out
 
@@ -168,7 +167,7 @@ def _compiled(rows: list[dict]) -> str:
     return "compiled" if compiled == variants else "compiled: " + ", ".join(compiled)
 
 
-def trainer_ab(rows: list[dict], path: str = COMPILE_WRAPPER) -> str:
+def trainer_ab(rows: list[dict], path: str = FSDP_UNITS) -> str:
     """benchmarks/train_ab.py: each variant's time per block call over its rounds, and b's tokens/s over a's within
     each alternating pair."""
     ratios = pair_ratios(rows)
@@ -328,7 +327,6 @@ TABLES: dict[str, Callable[[Path], str]] = {
     "data-pipeline": from_file(DATA_PIPELINE, data_pipeline),
     "trainer-overhead": from_file(TRAINER_OVERHEAD, trainer_overhead),
     "checkpoint-stall": from_file(CHECKPOINT, checkpoint_stall),
-    "compile-wrapper": from_file(COMPILE_WRAPPER, trainer_ab),
     "fsdp-units": from_file(FSDP_UNITS, trainer_ab),
     "compiled-loss": from_file(COMPILED_LOSS, compiled_loss),
     "checkpoint-size": from_file(CHECKPOINT, checkpoint_sizes),

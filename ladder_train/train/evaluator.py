@@ -92,7 +92,7 @@ class Evaluator:
             cycle=True,
         )
         batches = (batch for _, batch in zip(range(cfg.eval.val_batches), loader, strict=False))
-        loss_sum, count = scored_loss_sum(model, batches, cfg.parallel.cuda_graphs)
+        loss_sum, count = scored_loss_sum(model, batches)
         totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64, device=self.env.device)
         dist.all_reduce(totals)
         if totals[1].item() == 0:  # every rank sees the same totals: all skip together

@@ -27,13 +27,11 @@ def accumulate_gradients(
     device: torch.device,
     accumulate: str = "sharded",
     replicate: int = 1,
-    cuda_graphs: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """Forward and backward of ``accumulation`` micro-batches from ``next_batch``; returns their summed loss, on the
     device (read once per step, by the caller), and the wait for the data. ``accumulate`` (FSDP models):
     ``unsharded`` keeps the blocks gathered and the gradients unsharded until the last micro-batch reduces them;
-    ``replicate`` > 1 (HSDP) all-reduces across replicas in the last micro-batch only. ``cuda_graphs``
-    (parallel.cuda_graphs): each micro-batch starts a new step of inductor's CUDA graph trees."""
+    ``replicate`` > 1 (HSDP) all-reduces across replicas in the last micro-batch only."""
     loss_sum = torch.zeros((), device=device)
     data_wait = 0.0
     for micro in range(accumulation):
@@ -45,8 +43,6 @@ def accumulate_gradients(
             if accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
                 model.set_requires_gradient_sync(last)
                 model.set_reshard_after_backward(last)
-        if cuda_graphs:  # the last micro-batch's graph outputs are consumed (gradients in FSDP's accumulators, the
-            torch.compiler.cudagraph_mark_step_begin()  # loss in loss_sum): the next replays may overwrite them
         waited = time.perf_counter()
         inputs, labels = next_batch()
         data_wait += time.perf_counter() - waited

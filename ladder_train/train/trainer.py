@@ -244,7 +244,6 @@ class Trainer:
             env.device,
             self.accumulate,
             self.replicate,
-            self.cfg.parallel.cuda_graphs,
         )
 
     def _choose_accumulation(self) -> tuple[str, str]:
