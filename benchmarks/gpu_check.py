@@ -21,7 +21,7 @@ In this order:
   over the steps after the first ``--skip`` (compilation), peak memory, and the plan's total for the accumulation
   the run used (its "FSDP gradients:" line) with the plan's relative error (plan - peak) / peak. A run is stopped
   once its last step is logged: its final checkpoint (14 GB at 1.2B) is not waited for. Each ``--variant`` runs
-  every one of them again right after it with its overrides (e.g. ``parallel.compile_wrapper=cpp``): a setting's
+  every one of them again right after it with its overrides (e.g. ``parallel.blocks_per_fsdp_unit=4``): a setting's
   before and after side by side on one card; rows carry the variant's overrides.
 - ``--profile``: the first layout and micro-batch again under ``profile.enabled`` (wait 5, warm-up 2, active 3:
   RUN_DIR/profile/rank0_steps8-10.pt.trace.json), summarised by ``summarize_trace``: the GPU's busy share of the
@@ -75,7 +75,6 @@ import sys
 import tempfile
 import threading
 import time
-import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,34 +420,18 @@ def decode_row(bench: dict) -> dict:
 # --- the machine --------------------------------------------------------------------------------------------------
 
 
-def unpack_wheels(wheels: list[Path], site: Path) -> None:
-    """Pure-Python wheels into ``site`` (a wheel is a zip of its import tree; ``*.data/purelib|platlib`` go to the
-    root, other ``.data`` is left out), each once; a site unpacked from other wheels is made again."""
-    unpacked = {p.name.removeprefix(".unpacked-") for p in site.glob(".unpacked-*")}
-    if unpacked - {w.name for w in wheels}:  # another set of wheels (another Python, other versions): start again
-        shutil.rmtree(site)
-    site.mkdir(parents=True, exist_ok=True)
-    for wheel in wheels:
-        marker = site / f".unpacked-{wheel.name}"
-        if marker.exists():
-            continue
-        with zipfile.ZipFile(wheel) as archive:
-            for member in archive.infolist():
-                parts = Path(member.filename).parts
-                if member.is_dir() or not parts or Path(member.filename).is_absolute() or ".." in parts:
-                    continue
-                if parts[0].endswith(".data"):
-                    if len(parts) < 3 or parts[1] not in ("purelib", "platlib"):
-                        continue
-                    parts = parts[2:]
-                target = site.joinpath(*parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(archive.read(member))
-        marker.touch()
+def install_wheels(wheels: list[Path], site: Path) -> None:
+    """The wheels into ``site`` by pip, offline (``--no-index``), without their dependencies (gpu_prepare.sh fetched
+    each one a bare machine lacks)."""
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+    command += ["--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"gpu_check: pip could not install {site.parent.name}/whl: {done.stderr.strip()[-300:]}")
 
 
 def ensure_imports(gpu_dir: Path = GPU_DIR) -> Path | None:
-    """What the parts import, from ``gpu_dir``/whl (unpacked into ``gpu_dir``/site) when the machine lacks it; the
+    """What the parts import, from ``gpu_dir``/whl (installed into ``gpu_dir``/site) when the machine lacks it; the
     site folder the children need on their path, or None."""
     missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
     if not missing:
@@ -456,7 +439,7 @@ def ensure_imports(gpu_dir: Path = GPU_DIR) -> Path | None:
     wheels = sorted((gpu_dir / "whl").glob("*.whl"))
     site = gpu_dir / "site"
     if wheels:
-        unpack_wheels(wheels, site)
+        install_wheels(wheels, site)
         sys.path.insert(0, str(site))
         importlib.invalidate_caches()
     still = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
@@ -505,6 +488,24 @@ def nvidia_smi() -> dict:
     }
 
 
+COMMIT_FILE = GPU_DIR / "commit"  # gpu_prepare.sh: the checkout's commit, for a copy of it that is no git checkout
+
+
+def project_commit() -> tuple[str | None, bool | None]:
+    """The project's commit and whether tracked files differ from it: git's when REPO is the top of a git checkout,
+    else what gpu_prepare.sh recorded in .gpu/commit (a copied tree inside another repository must not report that
+    repository's commit)."""
+    top = git("rev-parse", "--show-toplevel")
+    if top is not None and Path(top).resolve() == REPO:
+        status = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "HEAD"), None if status is None else bool(status)
+    try:
+        commit, dirty = COMMIT_FILE.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None, None
+    return commit, dirty == "dirty"
+
+
 def git(*args: str) -> str | None:
     try:
         done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
@@ -522,7 +523,7 @@ def environment(argv: list[str], started: datetime.datetime, tiny: bool) -> dict
 
     smi = {} if tiny else nvidia_smi()
     card = smi.get("card") or (torch.cuda.get_device_name(0) if torch.cuda.is_available() and not tiny else None)
-    status = git("status", "--porcelain", "--untracked-files=no")
+    commit, dirty = project_commit()
     return {
         "invocation": f"{started:%Y%m%dT%H%M%S}-{os.getpid()}",
         "command": shlex.join(["python", "-m", "benchmarks.gpu_check", *argv]),
@@ -536,8 +537,8 @@ def environment(argv: list[str], started: datetime.datetime, tiny: bool) -> dict
         "gpu_memory_mib": smi.get("gpu_memory_mib"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "host": host(),
     }
 

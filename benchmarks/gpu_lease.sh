@@ -3,10 +3,9 @@
 # offline machine that received the checkout with .gpu/ (bash benchmarks/gpu_prepare.sh):
 #   OUT=DIR bash benchmarks/gpu_lease.sh check   # the loss alone, eager against compiled, at the 1.2B's micro-batch
 #                                                # 8 (loss_ab, at most LOSS_S); gpu_check: ceilings, standard at
-#                                                # micro-batches 2 and 8, each as it is, with the blocks' host code in
-#                                                # C++, and replayed as CUDA graphs (+ micro-batch 2 profiled),
-#                                                # whole-1.2B decode with GEMV tuning (~8 min, estimated; the untuned
-#                                                # row is 2026-11-27's)
+#                                                # micro-batches 2 and 8 in FSDP units of 1 and of 4 side by side
+#                                                # (+ micro-batch 2 profiled), whole-1.2B decode with GEMV tuning on
+#                                                # and off (~8.5 min by the H200's part times of 2026-11-28)
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                # many as start within STUDY_S (~5 min with the defaults)
 # Each writes at most 7 files under OUT (the device tool brings back 8). Knobs: LOSS_S (60) and CHECK_S (gpu_check's
@@ -15,12 +14,19 @@
 # Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl (loss_ab.jsonl beside it); study.tgz holds the
 # finished runs as the study runner collects them (for docs/results/study_small/); remake the tables.
 set -u
+PYTHON=${PYTHON:-python3}
 PART=${1:?usage: OUT=DIR bash benchmarks/gpu_lease.sh check|study}
 OUT=${OUT:?set OUT to the folder the results go to}
 mkdir -p "$OUT"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 export PYTHONUNBUFFERED=1
+# the wheels a bare machine lacks (.gpu/whl, from gpu_prepare.sh) before any part imports them
+if [ -z "${TINY:-}" ] && ls .gpu/whl/*.whl > /dev/null 2>&1; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/site \
+    .gpu/whl/*.whl || { echo "gpu_lease: pip could not install .gpu/whl" >&2; exit 2; }
+  export PYTHONPATH="$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 SEEDS=${SEEDS:-3,4,5,6,7,8,9,10}
 case "$PART" in
   check)
@@ -28,16 +34,16 @@ case "$PART" in
     if [ -n "${TINY:-}" ]; then
       read -r -a ARGS <<< "${CHECK:---tiny --layouts standard --profile --keep-trace --decode-layers 2}"
     else
-      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.compile_wrapper=cpp --variant parallel.cuda_graphs=true --profile --keep-trace --decode-layers 40 --gemv-tuning on}"
+      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.blocks_per_fsdp_unit=4 --profile --keep-trace --decode-layers 40}"
     fi
     if [ -n "${TINY:-}" ]; then
       LOSS=(--tokens 512 --dim 8 --vocab 4096 --rounds 1 --calls 2)
     else
       LOSS=(--device cuda --tokens 16384 --dim 2048 --rounds 3 --calls 5)
     fi
-    timeout -s TERM "${LOSS_S:-60}" "${PYTHON:-python3}" -m benchmarks.loss_ab "${LOSS[@]}" --out "$OUT/loss_ab.jsonl" \
+    timeout -s TERM "${LOSS_S:-60}" "$PYTHON" -m benchmarks.loss_ab "${LOSS[@]}" --out "$OUT/loss_ab.jsonl" \
       2>&1 | tee "$OUT/check.log"
-    timeout -s TERM "${CHECK_S:-520}" "${PYTHON:-python3}" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
+    timeout -s TERM "${CHECK_S:-520}" "$PYTHON" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
       | tee -a "$OUT/check.log"
     cp "$W/check/gpu.jsonl" "$OUT/" 2>/dev/null
     mv "$W"/check/logs/*/*.trace.json.gz "$OUT/" 2>/dev/null
@@ -50,7 +56,7 @@ case "$PART" in
             --set eval.val_every=2 --set eval.val_batches=1 --set eval.at_end=false --set data.num_workers=0)
     fi
     # a point that started runs to its end: the outer limit leaves it 4 minutes after the budget
-    timeout -s TERM $(( ${STUDY_S:-180} + 240 )) "${PYTHON:-python3}" -m benchmarks.gpu_study --out "$W/study" \
+    timeout -s TERM $(( ${STUDY_S:-180} + 240 )) "$PYTHON" -m benchmarks.gpu_study --out "$W/study" \
       --budget-s "${STUDY_S:-180}" \
       --study "recipes/study_small.yaml model.residual=standard train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
       --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \

@@ -11,8 +11,9 @@
 #                        (~4.8M tokens); kept when it is complete and made with this tokenizer, else made again
 #   .gpu/whl/            wheels of the pure-Python packages a bare GPU machine lacks (it has torch, triton,
 #                        tokenizers, numpy, pyarrow, transformers; not omegaconf, datasets, dill, multiprocess,
-#                        torchdata), at the versions of this machine's environment; gpu_check.py unpacks them
-#                        into .gpu/site/ there when its imports need them
+#                        torchdata), at the versions of this machine's environment; pip installs them into
+#                        .gpu/site/ there (gpu_lease.sh first thing; gpu_check.py when its imports need them)
+#   .gpu/commit          this checkout's commit and whether tracked files differ from it, for the rows' record
 # Then copy the checkout with .gpu/ to the GPU machine and, from its root: `python -m benchmarks.gpu_check --out DIR`.
 # Knobs (environment): PY (.venv/bin/python), SHARED (../shared), PYVER (3.12: the GPU machine's Python),
 # WHEELS (the packages to fetch as wheels).
@@ -84,7 +85,9 @@ for p in $WHEELS; do
   ls "$G/whl/$stem-$v-"*.whl > /dev/null 2>&1 || { echo "gpu_prepare: no wheel of $p==$v downloaded" >&2; exit 1; }
 done
 
-rm -rf "$G/site"  # gpu_check.py unpacks the wheels there on the machine that needs them
+rm -rf "$G/site"  # pip installs the wheels there on the machine that needs them (gpu_lease.sh, gpu_check.py)
+# the commit this checkout is at, for the rows: the GPU machine may receive a copy that is no git checkout
+echo "$(git rev-parse HEAD) $(git diff --quiet HEAD -- && echo clean || echo dirty)" > "$G/commit"
 ls "$G/whl"
 du -sh "$G"
 echo "next: copy the checkout with $G/ to the GPU machine; there, from its root: python -m benchmarks.gpu_check --out DIR"

@@ -210,14 +210,14 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     assert all("parallel.accumulate=sharded" in p.argv for p in measured if p.kind == "train")
     assert all("parallel.accumulate=sharded" in p.argv for p in by_name.values())
     # --variant: each training run again right after it with the variant's overrides; a plan of each
-    argv = ["--out", str(tmp_path), "--layouts", "standard", "--variant", "parallel.compile_wrapper=cpp"]
-    args = check.parse_args([*argv, "--variant", "parallel.blocks_per_fsdp_unit=4,parallel.compile_wrapper=cpp"])
+    argv = ["--out", str(tmp_path), "--layouts", "standard", "--variant", "parallel.accumulate=sharded"]
+    args = check.parse_args([*argv, "--variant", "parallel.blocks_per_fsdp_unit=4,parallel.accumulate=sharded"])
     plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
     _, measured, by_name = check.build_parts(plan)
     trains = [p for p in measured if p.kind == "train"]
     assert [p.name for p in trains] == ["train-standard-mb2", "train-standard-mb2-v1", "train-standard-mb2-v2"]
     assert [p.info["variant"] for p in trains] == [[], *args.variant]
-    assert [check.last_override(p.argv, "parallel.compile_wrapper") for p in trains] == [None, "cpp", "cpp"]
+    assert [check.last_override(p.argv, "parallel.accumulate") for p in trains] == [None, "sharded", "sharded"]
     assert [check.last_override(p.argv, "parallel.blocks_per_fsdp_unit") for p in trains] == [None, None, "4"]
     assert by_name["train-standard-mb2-v2"].argv[:-3] == trains[2].argv
     for bad in (
@@ -225,7 +225,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
         ["--layouts", "standard,wide"],
         ["--steps", "5", "--skip", "5"],
         ["--set", "x"],
-        ["--variant", "parallel.compile_wrapper"],
+        ["--variant", "parallel.accumulate"],
         ["--variant", ","],
     ):
         with pytest.raises(SystemExit):
@@ -233,18 +233,22 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
 
 
 def make_wheel(folder: Path) -> Path:
+    """A pure-Python wheel as pip reads one: the package, its METADATA, WHEEL and RECORD."""
     folder.mkdir(parents=True)
     wheel = folder / "demo_gpu_pkg-1.0-py3-none-any.whl"
+    files = {
+        "demo_gpu_pkg/__init__.py": "VALUE = 7\n",
+        "demo_gpu_pkg-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: demo-gpu-pkg\nVersion: 1.0\n",
+        "demo_gpu_pkg-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "demo_gpu_pkg-1.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("demo_gpu_pkg/__init__.py", "VALUE = 7\n")
-        z.writestr("demo_gpu_pkg-1.0.dist-info/METADATA", "Name: demo-gpu-pkg\nVersion: 1.0\n")
-        z.writestr("demo_gpu_pkg-1.0.data/purelib/demo_gpu_extra.py", "EXTRA = 1\n")
-        z.writestr("demo_gpu_pkg-1.0.data/scripts/demo", "#!/bin/sh\n")
-        z.writestr("../outside.py", "")
+        for name, text in {**files, "demo_gpu_pkg-1.0.dist-info/RECORD": record}.items():
+            z.writestr(name, text)
     return wheel
 
 
-def test_wheels_are_unpacked_for_a_machine_that_lacks_the_package(tmp_path, monkeypatch):
+def test_wheels_are_installed_by_pip_for_a_machine_that_lacks_the_package(tmp_path, monkeypatch):
     gpu_dir = tmp_path / ".gpu"
     make_wheel(gpu_dir / "whl")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -252,14 +256,26 @@ def test_wheels_are_unpacked_for_a_machine_that_lacks_the_package(tmp_path, monk
     site = check.ensure_imports(gpu_dir)
     assert site == gpu_dir / "site" and str(site) == sys.path[0]
     assert (site / "demo_gpu_pkg" / "__init__.py").read_text() == "VALUE = 7\n"
-    assert (site / "demo_gpu_extra.py").is_file() and (site / "demo_gpu_pkg-1.0.dist-info" / "METADATA").is_file()
-    assert not (site / "demo").exists() and not (tmp_path / ".gpu" / "outside.py").exists()
+    assert (site / "demo_gpu_pkg-1.0.dist-info" / "METADATA").is_file()
     assert check.ensure_imports(gpu_dir) is None  # now importable: nothing to do
     monkeypatch.setattr(check, "NEEDED_MODULES", ("demo_gpu_pkg_absent",))
     with pytest.raises(SystemExit, match="demo_gpu_pkg_absent.*gpu_prepare.sh"):
         check.ensure_imports(gpu_dir)
     env = check.child_env(site, tiny=True)
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO), str(site)] and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_copy_that_is_no_git_checkout_records_the_commit_gpu_prepare_wrote(tmp_path, monkeypatch):
+    """The GPU machine may receive the tree inside another repository: its rows must name this project's commit."""
+    commit_file = tmp_path / "commit"
+    monkeypatch.setattr(check, "COMMIT_FILE", commit_file)
+    monkeypatch.setattr(check, "git", lambda *args: {"rev-parse": "/elsewhere"}.get(args[0]))
+    assert check.project_commit() == (None, None)  # nothing recorded: no commit claimed
+    commit_file.write_text("dd36332" + "0" * 33 + " dirty\n")
+    assert check.project_commit() == ("dd36332" + "0" * 33, True)
+    monkeypatch.undo()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert check.project_commit()[0] == head  # a checkout: git's own answer
 
 
 def alive(pid: int) -> bool:
