@@ -1,0 +1,110 @@
+"""The folder lock (ladder_train/folders.py lock_folder), the one lock of a run folder and of prepare's OUT_DIR: a
+second holder is refused naming the first, a lock is the process's and not its forked children's, and the lock file is
+never opened through a link."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ladder_train.errors import InputError
+from ladder_train.folders import LockHeld, lock_folder, lock_holder
+
+NAME = "x.lock"
+
+
+def test_a_second_lock_in_this_process_is_refused_naming_the_holder_and_close_releases_it(tmp_path):
+    lock = lock_folder(tmp_path, NAME, "test")
+    line = (tmp_path / NAME).read_text()
+    assert line.startswith(f"host {os.uname().nodename}, pid {os.getpid()}, since ") and line.count("\n") == 1
+    assert lock_holder(tmp_path, NAME) == line.strip()
+    with pytest.raises(LockHeld) as refused:  # lockf alone would grant it, and drop both locks when either closed
+        lock_folder(tmp_path, NAME, "test")
+    assert refused.value.holder == line.strip() and refused.value.path == tmp_path / NAME
+    assert lock_holder(tmp_path, NAME) == line.strip()  # the refusal did not release the first lock
+    lock.close()
+    assert (tmp_path / NAME).exists() and lock_holder(tmp_path, NAME) is None
+    again = lock_folder(tmp_path, NAME, "test")
+    again.close(remove=True)
+    assert not (tmp_path / NAME).exists()
+    assert lock_holder(tmp_path, NAME) is None
+
+
+HOLD = """
+import sys
+from pathlib import Path
+from ladder_train.folders import lock_folder
+lock = lock_folder(Path(sys.argv[1]), sys.argv[2], "test")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.slow
+def test_another_process_is_refused_and_a_forked_child_keeps_no_lock(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(tmp_path), NAME], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(LockHeld) as refused:
+            lock_folder(tmp_path, NAME, "test")
+        assert refused.value.holder.startswith(f"host {os.uname().nodename}, pid {holder.pid}, since ")
+        assert lock_holder(tmp_path, NAME) == refused.value.holder
+    finally:
+        holder.kill()  # kill -9: the kernel drops its lock
+        holder.wait()
+    assert lock_holder(tmp_path, NAME) is None
+
+    lock = lock_folder(tmp_path, NAME, "test")
+    read_end, write_end = os.pipe()
+    child = os.fork()  # inherits the open lock file, as a data-loader worker does
+    if child == 0:
+        os.close(write_end)
+        os.read(read_end, 1)  # lives until the parent is done
+        os._exit(0)
+    try:
+        os.close(read_end)
+        lock.close()
+        probe = subprocess.run(
+            [sys.executable, "-c", HOLD, str(tmp_path), NAME], input="", capture_output=True, text=True, timeout=120
+        )
+        assert probe.returncode == 0 and probe.stdout == "held\n", probe.stderr  # flock would still be held
+    finally:
+        os.close(write_end)
+        os.waitpid(child, 0)
+
+
+@pytest.mark.parametrize("caller", [lock_folder, lock_holder])
+def test_a_link_where_the_lock_file_belongs_is_refused_in_one_line_and_its_target_is_untouched(tmp_path, caller):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\x00bytes\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / NAME).symlink_to(victim)
+    args = (folder, NAME, "test") if caller is lock_folder else (folder, NAME)
+    with pytest.raises(InputError) as refused:
+        caller(*args)
+    message = str(refused.value)
+    assert message.startswith(f"{folder / NAME} is a symbolic link") and "\n" not in message
+    assert victim.read_bytes() == b"precious\x00bytes\n"
+    assert (folder / NAME).is_symlink()  # left for its owner to remove
+    (folder / NAME).unlink()
+    (folder / NAME).symlink_to(tmp_path / "nowhere")  # a dangling link would be created through, too
+    with pytest.raises(InputError):
+        caller(*args)
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_lock_file_that_is_no_plain_file_is_refused_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / NAME)  # opening a FIFO to read would wait for a writer
+    for call in (lambda: lock_folder(tmp_path, NAME, "test"), lambda: lock_holder(tmp_path, NAME)):
+        with pytest.raises(InputError, match=f"^{tmp_path / NAME} is not a plain file"):
+            call()
+    os.unlink(tmp_path / NAME)
+    (tmp_path / NAME).mkdir()
+    with pytest.raises(InputError, match="is not a plain file"):
+        lock_holder(tmp_path, NAME)
