@@ -1,5 +1,5 @@
 """One trainer per run.dir (ladder_train/train/run_lock.py): a second trainer is refused in one line, on every rank,
-and a killed one does not block the next."""
+a killed one does not block the next, and a link planted as run.lock is refused without touching its target."""
 
 import contextlib
 import os
@@ -13,6 +13,7 @@ from dist_utils import run_ranks
 from test_checkpoint import ENV, PYTHON, SMOKE_EVERY_2, descendants, train
 
 from ladder_train.config import load_config
+from ladder_train.errors import InputError
 
 
 @pytest.mark.slow
@@ -68,8 +69,8 @@ def construct_trainer(run_dir: str):
     try:
         Trainer(cfg, env, batches=[])
         return None
-    except RunDirLocked as err:
-        return (str(err), err.quiet)
+    except (RunDirLocked, InputError) as err:
+        return (str(err), getattr(err, "quiet", False), type(err).__name__)
     finally:
         dist.destroy_process_group()
 
@@ -87,3 +88,34 @@ def test_every_rank_of_a_second_trainer_stops_and_only_rank_0_speaks(tmp_path):
     assert [r[0].startswith(message) for r in results] == [True, True], results
     assert [r[1] for r in results] == [False, True]  # rank 1 raises quietly: one line in all
     assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def planted_link(tmp_path):
+    """``ln -s VICTIM RUN/run.lock``: (run folder, victim, the victim's bytes)."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone's file\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "run.lock").symlink_to(victim)
+    return run_dir, victim, victim.read_bytes()
+
+
+@pytest.mark.slow
+def test_a_link_planted_as_run_lock_is_refused_in_one_line_and_its_target_is_untouched(tmp_path):
+    run_dir, victim, before = planted_link(tmp_path)
+    refused = train(run_dir, "train.max_steps=2")
+    assert refused.returncode == 2, refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith(f"ladder-train: error: {run_dir / 'run.lock'} is a symbolic link; "), line
+    assert victim.read_bytes() == before
+    assert sorted(p.name for p in run_dir.iterdir()) == ["run.lock"] and (run_dir / "run.lock").is_symlink()
+
+
+@pytest.mark.slow
+def test_every_rank_stops_on_a_planted_run_lock_link_and_only_rank_0_speaks(tmp_path):
+    run_dir, victim, before = planted_link(tmp_path)
+    results = run_ranks(construct_trainer, 2, str(run_dir))
+    message = f"{run_dir / 'run.lock'} is a symbolic link; "
+    assert [r[0].startswith(message) for r in results] == [True, True], results
+    assert [r[1:] for r in results] == [(False, "InputError"), (True, "InputError")]  # exit 2, one line in all
+    assert victim.read_bytes() == before

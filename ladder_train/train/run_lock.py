@@ -1,16 +1,12 @@
-"""The run.dir lock: one trainer per run folder. ``RUN_DIR/run.lock`` names the holder (host, pid, job, start)."""
+"""The run.dir lock: one trainer per run folder. ``RUN_DIR/run.lock`` names the holder (host, pid, job, start);
+the lock itself is folders.lock_folder's."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
-import socket
-import sys
-import time
 from pathlib import Path
 
-from ..errors import RunFailed
+from ..errors import InputError, RunFailed
+from ..folders import FolderLock, LockHeld, lock_folder
 
 LOCK_FILE = "run.lock"
 
@@ -23,51 +19,35 @@ class RunDirLocked(RunFailed):
         self.quiet = quiet
 
 
-def lock_run_dir(run_dir: Path):
-    """Take ``RUN_DIR/run.lock`` for this process, or raise RunDirLocked naming the holder. A POSIX record
-    lock (fcntl.lockf) is released by the kernel when its process dies (a kill -9'd run does not block its
-    restart) and, unlike flock, is not inherited by forked data-loader workers that may outlive it.
-    Returns the open file; the lock lasts until it is closed."""
+def lock_run_dir(run_dir: Path) -> FolderLock:
+    """Take ``RUN_DIR/run.lock`` for this process (folders.lock_folder: released when the process dies, not held
+    by forked data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock is a link.
+    The lock lasts until the returned lock is closed."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
-    handle = open(path, "a+")  # noqa: SIM115 - held open for the whole run
     try:
-        fcntl.lockf(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as err:
-        if err.errno not in (errno.EACCES, errno.EAGAIN):  # a filesystem without locks: run unguarded
-            print(
-                f"warning: cannot lock {path} ({err.strerror}); a second trainer on run.dir would not be stopped",
-                file=sys.stderr,
-            )
-            return handle
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
+        return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
+    except LockHeld as err:
         raise RunDirLocked(
-            f"run.dir={run_dir} is in use by another trainer ({holder}); wait for it to end or pick another run.dir"
+            f"run.dir={run_dir} is in use by another trainer ({err.holder}); wait for it to end or pick another run.dir"
         ) from None
-    handle.seek(0)
-    handle.truncate()
-    job = os.environ.get("SLURM_JOB_ID")
-    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-    handle.write(f"host {socket.gethostname()}, pid {os.getpid()}{f', job {job}' if job else ''}, since {started}\n")
-    handle.flush()
-    return handle
 
 
-def lock_run_dir_on_rank0(run_dir: Path, is_main: bool):
-    """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together. Returns rank 0's
-    open lock file (None elsewhere)."""
+def lock_run_dir_on_rank0(run_dir: Path, is_main: bool) -> FolderLock | None:
+    """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together (with rank 0's error,
+    printed by rank 0 alone). Returns rank 0's lock (None elsewhere)."""
     import torch.distributed as dist
 
-    handle, message = None, ""
+    lock, refusal = None, None
     if is_main:
         try:
-            handle = lock_run_dir(run_dir)
-        except RunDirLocked as err:
-            message = str(err)
-    box = [message]
+            lock = lock_run_dir(run_dir)
+        except (RunDirLocked, InputError) as err:
+            refusal = (isinstance(err, InputError), str(err))
+    box = [refusal]
     dist.broadcast_object_list(box, src=0)
-    if box[0]:
-        raise RunDirLocked(box[0], quiet=not is_main)
-    return handle
+    if box[0] is None:
+        return lock
+    bad_input, message = box[0]
+    error = InputError(message) if bad_input else RunDirLocked(message)
+    error.quiet = not is_main  # run_command prints a refusal once, from rank 0
+    raise error
