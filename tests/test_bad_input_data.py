@@ -128,6 +128,22 @@ def test_a_second_prepare_into_a_folder_being_written_is_refused(tmp_path, capsy
     assert not (out / LOCK_NAME).exists()  # released and removed
 
 
+def test_a_link_planted_as_the_lock_file_is_refused_in_one_line_and_its_target_is_untouched(
+    tmp_path, capsys, monkeypatch
+):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone's file\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).symlink_to(victim)  # ln -s ~/victim OUT/.ladder-data.lock
+    source = write_docs(tmp_path / "src", 3)
+    named = f"ladder-data: error: {out / LOCK_NAME} is a symbolic link; "
+    assert_bad_input("ladder-data", prepare_argv(source, out), named, capsys, monkeypatch)
+    assert_bad_input("ladder-data", prepare_argv(source, out, "--overwrite"), named, capsys, monkeypatch)
+    assert victim.read_bytes() == b"someone's file\n"
+    assert [p.name for p in out.iterdir()] == [LOCK_NAME] and (out / LOCK_NAME).is_symlink()
+
+
 def test_a_lock_file_left_by_a_killed_prepare_blocks_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

@@ -5,29 +5,23 @@ folder or the leftovers of an unfinished prepare only with ``--overwrite``, whic
 (:data:`OWN_FILES`, the parts in ``.parts/``) and nothing else: a file of another name beside them stays, and
 one inside ``.parts/`` stops the prepare before any work.
 
-While a prepare works it holds ``OUT_DIR/.ladder-data.lock`` with ``flock``: a second prepare into the folder is
-refused in one line. The kernel drops the lock when its process dies, however it dies, so a lock file left by a
-killed prepare blocks nothing; the file is removed on a normal exit.
+While a prepare works it holds ``OUT_DIR/.ladder-data.lock`` (folders.lock_folder, the trainer's run.dir lock too):
+a second prepare into the folder is refused in one line naming the holder. The kernel drops the lock when its process
+dies, however it dies, so a lock file left by a killed prepare blocks nothing; the file is removed on a normal exit.
+A link planted where the lock file belongs is refused in one line, and the file it points at is not touched.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import logging
 import os
 import re
-import socket
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..folders import TOKEN_FOLDER_META
+from ..folders import TOKEN_FOLDER_META, LockHeld, lock_folder, lock_holder
 from .errors import DataError
 from .token_files import OFFSETS_NAME, TOKENS_NAME
-
-log = logging.getLogger(__name__)
 
 PARTS = ".parts"  # the folder's scratch space while it is being written
 LOCK_NAME = ".ladder-data.lock"
@@ -35,7 +29,6 @@ PARTIAL_META = TOKEN_FOLDER_META + ".partial"  # token_files.write_meta's tempor
 OWN_FILES = (TOKENS_NAME, OFFSETS_NAME, TOKEN_FOLDER_META, PARTIAL_META, LOCK_NAME)
 # in .parts/: one task's tokens and document lengths, and the two files being assembled
 OWN_PART = re.compile(rf"(\d{{6}}\.(tokens|lengths)|{re.escape(TOKENS_NAME)}|{re.escape(OFFSETS_NAME)})")
-_LOCK_BUSY = (errno.EAGAIN, errno.EACCES)
 
 
 def _shown(names: list[str]) -> str:
@@ -48,8 +41,8 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
         raise DataError(f"OUT_DIR: {out} exists and is not a folder")
     if not out.exists():
         return
-    if holder := lock_holder(out):
-        raise DataError(f"OUT_DIR: {out} is in use by another ladder-data prepare ({holder}); wait for it to end")
+    if holder := lock_holder(out, LOCK_NAME):
+        raise _in_use(out, holder)
     check_contents(out, overwrite)
 
 
@@ -104,59 +97,19 @@ def remove_parts(out: Path) -> None:
     (out / PARTIAL_META).unlink(missing_ok=True)
 
 
-def lock_holder(out: Path) -> str | None:
-    """Who holds ``out``'s lock ("host H, pid P, since T"), or None when nobody does."""
-    try:
-        handle = open(out / LOCK_NAME)  # noqa: SIM115 - closed below
-    except FileNotFoundError:
-        return None
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in _LOCK_BUSY:
-                return handle.read().strip() or "unknown"
-        return None
-
-
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
-    """Hold ``out``'s lock for the block, or raise DataError naming the folder and the holder."""
-    path = out / LOCK_NAME
-    for _ in range(5):  # the holder may remove the file just as this opens it: then take the new one
-        handle = open(path, "a+")  # noqa: SIM115 - held for the block
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in _LOCK_BUSY:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                handle.close()
-                raise DataError(
-                    f"OUT_DIR: {out} is in use by another ladder-data prepare ({holder}); wait for it to end"
-                ) from None
-            log.warning("cannot lock %s (%s): a second prepare into it would not be stopped", path, err.strerror)
-            break
-        if _same_file(handle, path):
-            break
-        handle.close()
-    else:
-        raise DataError(f"OUT_DIR: {out}: could not take {LOCK_NAME}; another ladder-data prepare keeps replacing it")
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-    handle.flush()
+    """Hold ``out``'s lock for the block (folders.lock_folder), or raise DataError naming the folder and the holder;
+    the lock file is removed at the end."""
+    try:
+        lock = lock_folder(out, LOCK_NAME, "ladder-data prepare into it")
+    except LockHeld as err:
+        raise _in_use(out, err.holder) from None
     try:
         yield
     finally:
-        path.unlink(missing_ok=True)  # while still held: a prepare that opened this file finds it gone, and retries
-        handle.close()
+        lock.close(remove=True)  # removed while still held: a prepare that opened the file finds it gone, and retries
 
 
-def _same_file(handle, path: Path) -> bool:
-    try:
-        now = os.stat(path)
-    except FileNotFoundError:
-        return False
-    mine = os.fstat(handle.fileno())
-    return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+def _in_use(out: Path, holder: str) -> DataError:
+    return DataError(f"OUT_DIR: {out} is in use by another ladder-data prepare ({holder}); wait for it to end")
