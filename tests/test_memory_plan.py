@@ -4,6 +4,7 @@ micro-batch loop; shapes and storages, no arithmetic), and against the peaks mea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import weakref
@@ -214,9 +215,10 @@ def tracked_peak(cfg, accumulate: str) -> tuple[float, int]:
     accumulation = cfg.train.global_batch_size // micro
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     try:
-        model = parallelize(build_on_meta(model_args(cfg.model)), cfg.parallel, build_mesh("cpu", 1, 1), torch.bfloat16)
-        if accumulate == "unsharded":
-            model.set_reshard_after_forward(False)  # as Trainer._choose_accumulation does
+        parallel = dataclasses.replace(cfg.parallel, accumulate=accumulate)
+        model, plan = parallelize(
+            build_on_meta(model_args(cfg.model)), parallel, build_mesh("cpu", 1, 1), torch.bfloat16
+        )
         with FakeTensorMode(allow_non_fake_inputs=True) as fake:  # the model's meta tensors go in
             model.to_empty(device="cpu")
             model.init_rope()
@@ -229,7 +231,7 @@ def tracked_peak(cfg, accumulate: str) -> tuple[float, int]:
             tracker = LiveBytes(fake, [*model.parameters(), *model.buffers(), *moments])
             batch = (torch.zeros(micro, seq, dtype=torch.long), torch.zeros(micro, seq, dtype=torch.long))
             with tracker:
-                accumulate_gradients(model, lambda: batch, accumulation, 1.0, torch.device("cpu"), accumulate)
+                accumulate_gradients(model, lambda: batch, accumulation, 1.0, torch.device("cpu"), plan)
         return tracker.peak, sum(p.to_local().numel() for p in model.parameters())
     finally:
         dist.destroy_process_group()

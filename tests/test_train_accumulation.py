@@ -48,7 +48,7 @@ def counted_trainings(runs: list[tuple[int, str, dict]], tmp: str) -> list[tuple
 
             trainer.train_step = counted_step
             losses = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
-            results.append((per_step, losses, trainer.accumulate))
+            results.append((per_step, losses, trainer.micro_batch_plan.accumulate))
         return results
     finally:
         dist.destroy_process_group()

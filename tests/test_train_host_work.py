@@ -4,6 +4,7 @@ per micro-batch, and no wait for the GPU inside the loop (on the meta device, wh
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 import torch
@@ -39,9 +40,11 @@ def ops_per_micro_batch(accumulate: str, tmp) -> tuple[list[collections.Counter]
     cfg = tiny_run_config(str(tmp), 256, SEQ)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=1)
     try:
-        model = parallelize(build_on_meta(model_args(cfg.model)), cfg.parallel, build_mesh("cpu", 1, 1), torch.bfloat16)
-        if accumulate == "unsharded":
-            model.set_reshard_after_forward(False)  # as Trainer._choose_accumulation does
+        parallel = dataclasses.replace(cfg.parallel, accumulate=accumulate)
+        model, plan = parallelize(
+            build_on_meta(model_args(cfg.model)), parallel, build_mesh("cpu", 1, 1), torch.bfloat16
+        )
+        assert plan.accumulate == accumulate
         model.to_empty(device="cpu")
         init_sharded_weights(model, 0)
         batch = (torch.zeros(MICRO, SEQ, dtype=torch.long), torch.zeros(MICRO, SEQ, dtype=torch.long))
@@ -56,7 +59,7 @@ def ops_per_micro_batch(accumulate: str, tmp) -> tuple[list[collections.Counter]
             starts.clear()
             with counter:
                 accumulate_gradients(
-                    model, next_batch, ACCUMULATION, MICRO * SEQ * ACCUMULATION, torch.device("cpu"), accumulate
+                    model, next_batch, ACCUMULATION, MICRO * SEQ * ACCUMULATION, torch.device("cpu"), plan
                 )
             model.zero_grad(set_to_none=True)
         ends = [*starts[1:], len(counter.ops)]

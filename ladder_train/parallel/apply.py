@@ -18,6 +18,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from ..config import ParallelConfig
 from ..dtypes import resolve_dtype  # noqa: F401  (re-exported: the parallel package's dtype rule)
 from ..model import Transformer
+from .micro_batch_plan import MicroBatchPlan, UnshardedFits, plan_micro_batches
 
 # selective checkpointing keeps the outputs of these ops (the matmuls and attention: most of a block's FLOPs)
 # and recomputes everything else in backward (norms, rope, SiLU, products and adds: cheap, memory-bound)
@@ -104,14 +105,23 @@ def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype, b
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
 
-def parallelize(model: Transformer, cfg: ParallelConfig, mesh: DeviceMesh, param_dtype: torch.dtype) -> Transformer:
+def parallelize(
+    model: Transformer,
+    cfg: ParallelConfig,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    unsharded_fits: UnshardedFits | None = None,
+) -> tuple[Transformer, MicroBatchPlan]:
+    """The model with activation checkpointing, compile and FSDP applied in that order, and the plan of what FSDP
+    does around each micro-batch (``unsharded_fits``: the memory plan's answer for parallel.accumulate=auto)."""
     apply_activation_checkpointing(model, cfg.activation_checkpoint, cfg.ac_every)
     if cfg.compile:
         apply_compile(model)
     # one fp32 process has nothing to shard, reduce or cast: FSDP would only add copies per step
     if mesh.size() > 1 or param_dtype != torch.float32:
         apply_fsdp(model, mesh, param_dtype, cfg.blocks_per_fsdp_unit)
-    return model
+    replicate = mesh.shape[0] if mesh.ndim == 2 else 1
+    return model, plan_micro_batches(model, cfg.accumulate, replicate, unsharded_fits)
 
 
 @torch.no_grad()

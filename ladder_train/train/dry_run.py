@@ -7,7 +7,7 @@ fake process group of the simulated world size, so the Slurm scripts can be chec
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -128,21 +128,23 @@ def memory_plan(
     return MemoryPlan(16 * local, gathered, acts["blocks"], acts["logits"], sharded, unsharded)
 
 
-def choose_accumulation(setting: str, plan: MemoryPlan, device: torch.device) -> tuple[str, str]:
-    """(``unsharded`` or ``sharded``, why). ``auto``: unsharded when the plan's total with it fits 90 % of the
-    device's memory (the CPU's host memory is not planned: unsharded). Even with one micro-batch per step,
-    unsharded saves the backward's second all-gather of every block."""
-    if setting != "auto":
-        return setting, f"parallel.accumulate={setting}"
-    if device.type != "cuda":
-        return "unsharded", "auto, on the CPU"
-    capacity = torch.cuda.get_device_properties(device).total_memory
-    fits = plan.unsharded <= 0.9 * capacity
-    verdict = "fits" if fits else "does not fit"
-    return ("unsharded" if fits else "sharded"), (
-        f"auto: the plan with unsharded accumulation, {plan.unsharded / GIB:.1f} GiB, {verdict} 90 % of the "
-        f"device's {capacity / GIB:.1f} GiB"
-    )
+def unsharded_fits(cfg: Config, args, batch: BatchSplit, device: torch.device):
+    """For parallel.accumulate=auto (``parallelize`` asks it with this rank's local parameter count): (whether the
+    plan's total with the gradients kept unsharded fits 90 % of the device's memory, why). The CPU's host memory
+    is not planned: it fits."""
+
+    def fits(local_params: int) -> tuple[bool, str]:
+        if device.type != "cuda":
+            return True, "auto, on the CPU"
+        plan = memory_plan(cfg, args, local_params, batch.micro_batch, device, batch.accumulation)
+        capacity = torch.cuda.get_device_properties(device).total_memory
+        ok = plan.unsharded <= 0.9 * capacity
+        return ok, (
+            f"auto: the plan with unsharded accumulation, {plan.unsharded / GIB:.1f} GiB, "
+            f"{'fits' if ok else 'does not fit'} 90 % of the device's {capacity / GIB:.1f} GiB"
+        )
+
+    return fits
 
 
 def _simulated_world(simulate: str | None) -> tuple[int, int]:
@@ -184,7 +186,7 @@ def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> 
     try:
         mesh = build_mesh("cpu", replicate, shard)
         model = build_on_meta(args)
-        parallelize(model, cfg.parallel.__class__(**{**cfg.parallel.__dict__, "compile": False}), mesh, torch.bfloat16)
+        parallelize(model, replace(cfg.parallel, compile=False), mesh, torch.bfloat16)
         local_params = sum(p.to_local().numel() for p in model.parameters())
         mesh_shape = tuple(mesh.shape)
     finally:

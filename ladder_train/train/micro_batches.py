@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 
 from ..data.protocol import Batch
+from ..parallel import MicroBatchPlan
 
 
 def micro_batch_loss(
@@ -25,24 +26,16 @@ def accumulate_gradients(
     accumulation: int,
     divisor: float,
     device: torch.device,
-    accumulate: str = "sharded",
-    replicate: int = 1,
+    plan: MicroBatchPlan | None = None,
 ) -> tuple[torch.Tensor, float]:
     """Forward and backward of ``accumulation`` micro-batches from ``next_batch``; returns their summed loss, on the
-    device (read once per step, by the caller), and the wait for the data. ``accumulate`` (FSDP models):
-    ``unsharded`` keeps the blocks gathered and the gradients unsharded until the last micro-batch reduces them;
-    ``replicate`` > 1 (HSDP) all-reduces across replicas in the last micro-batch only."""
+    device (read once per step, by the caller), and the wait for the data. ``plan`` (what ``parallelize`` returned)
+    sets FSDP's switches before each micro-batch; None: a model without FSDP."""
     loss_sum = torch.zeros((), device=device)
     data_wait = 0.0
     for micro in range(accumulation):
-        last = micro == accumulation - 1
-        # each setter walks every module: set on the first micro-batch and the last, the two where the value changes
-        if micro == 0 or last:
-            if replicate > 1:
-                model.set_requires_all_reduce(last)
-            if accumulate == "unsharded":  # gathered by the first micro-batch, reduced by the last
-                model.set_requires_gradient_sync(last)
-                model.set_reshard_after_backward(last)
+        if plan is not None:
+            plan.before(micro, accumulation)
         waited = time.perf_counter()
         inputs, labels = next_batch()
         data_wait += time.perf_counter() - waited

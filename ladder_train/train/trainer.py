@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
@@ -40,7 +39,7 @@ from ..parallel import (
     resolve_dtype,
 )
 from .chat_steps import EmptyBatches, scored_micro_batches
-from .dry_run import choose_accumulation, memory_plan
+from .dry_run import unsharded_fits
 from .evaluator import Evaluator
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .micro_batches import accumulate_gradients
@@ -87,7 +86,6 @@ class Trainer:
         """Everything a run needs, each input checked before the model is built."""
         cfg, env = self.cfg, self.env
         replicate, shard = resolve_degrees(cfg.parallel, env.world_size, env.local_world_size)
-        self.replicate = replicate
         self.batch = BatchSplit(
             cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len
         )
@@ -105,8 +103,8 @@ class Trainer:
         self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
         model = build_on_meta(self.model_args)
         freeze_lower_layers(model, cfg.train.freeze_layers)
-        self.model = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype)
-        self.accumulate, self.accumulate_reason = self._choose_accumulation()
+        fits = unsharded_fits(cfg, self.model_args, self.batch, env.device)
+        self.model, self.micro_batch_plan = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype, fits)
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
 
@@ -242,24 +240,8 @@ class Trainer:
             split.accumulation,
             tokens_per_rank,
             env.device,
-            self.accumulate,
-            self.replicate,
+            self.micro_batch_plan,
         )
-
-    def _choose_accumulation(self) -> tuple[str, str]:
-        """Whether the blocks stay gathered over a step's micro-batches (one all-gather and one reduce-scatter
-        per step) or FSDP gathers and reduces on every micro-batch; the plan decides under ``auto``."""
-        if not isinstance(self.model, FSDPModule):
-            return "sharded", "not sharded (one fp32 process)"
-        local_params = sum(p.to_local().numel() for p in self.model.parameters())
-        split = self.batch
-        plan = memory_plan(
-            self.cfg, self.model_args, local_params, split.micro_batch, self.env.device, split.accumulation
-        )
-        mode, reason = choose_accumulation(self.cfg.parallel.accumulate, plan, self.env.device)
-        if mode == "unsharded":
-            self.model.set_reshard_after_forward(False)  # the backward and the next micro-batch reuse the gather
-        return mode, reason
 
     def _clip_and_reduce(self, loss_sum: torch.Tensor) -> tuple[float, float]:
         """Clip the gradients; the global loss and gradient norm, the same on every rank. One small all-reduce per
@@ -355,9 +337,9 @@ class Trainer:
                 f"total {self.total_steps}, running {self.max_steps} steps",
                 flush=True,
             )
-            if isinstance(self.model, FSDPModule):
-                once = "one gather and one reduction per step" if self.accumulate == "unsharded" else "per micro-batch"
-                print(f"FSDP gradients: {self.accumulate} ({once}; {self.accumulate_reason})", flush=True)
+            gradients = self.micro_batch_plan.describe()
+            if gradients is not None:
+                print(gradients, flush=True)
         logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id, resumed_step=self.step)
         # every rank saves the trainer entry and DCP keeps one rank's copy: all must carry rank 0's id
         box = [logger.wandb_id]
