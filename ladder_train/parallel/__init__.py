@@ -1,9 +1,8 @@
 """Device mesh, FSDP2/HSDP sharding, activation checkpointing, compile, the per-micro-batch plan, and sharded
 initialisation."""
 
-from .apply import init_sharded_weights, parallelize, resolve_dtype
+from .apply import MicroBatchPlan, init_sharded_weights, parallelize, resolve_dtype
 from .mesh import BatchSplit, RankEnv, build_mesh, free_port, init_distributed, resolve_degrees
-from .micro_batch_plan import MicroBatchPlan
 
 __all__ = [
     "BatchSplit",
