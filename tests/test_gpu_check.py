@@ -265,7 +265,7 @@ def test_wheels_are_installed_by_pip_for_a_machine_that_lacks_the_package(tmp_pa
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO), str(site)] and env["CUDA_VISIBLE_DEVICES"] == ""
 
 
-def test_a_copy_that_is_no_git_checkout_records_the_commit_gpu_prepare_wrote(tmp_path, monkeypatch):
+def test_a_copy_outside_git_records_the_commit_gpu_prepare_wrote(tmp_path, monkeypatch):
     """The GPU machine may receive the tree inside another repository: its rows must name this project's commit."""
     commit_file = tmp_path / "commit"
     monkeypatch.setattr(check, "COMMIT_FILE", commit_file)
@@ -273,9 +273,9 @@ def test_a_copy_that_is_no_git_checkout_records_the_commit_gpu_prepare_wrote(tmp
     assert check.project_commit() == (None, None)  # nothing recorded: no commit claimed
     commit_file.write_text("dd36332" + "0" * 33 + " dirty\n")
     assert check.project_commit() == ("dd36332" + "0" * 33, True)
-    monkeypatch.undo()
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    assert check.project_commit()[0] == head  # a checkout: git's own answer
+    answers = {("rev-parse", "--show-toplevel"): str(REPO), ("rev-parse", "HEAD"): "abc123"}
+    monkeypatch.setattr(check, "git", lambda *args: answers.get(args, ""))
+    assert check.project_commit() == ("abc123", False)  # a checkout: git's own answer, .gpu/commit not read
 
 
 def alive(pid: int) -> bool:

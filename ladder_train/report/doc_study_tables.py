@@ -25,10 +25,10 @@ from ..study import (
     holm,
     paired_difference,
     pairs_for_power,
+    pooled_sd,
     power,
     sweeps,
 )
-from ..study.stats import pooled_sd
 from .runs import read_metrics, read_run, train_tokens_per_s
 from .study import comparison_section
 from .tables import markdown_table

@@ -3,7 +3,7 @@ its layouts (each at its own best learning rate, paired seeds, 95 % intervals)."
 
 from .analysis import Sweep, compare_groups, default_baseline, final_val_loss, seeded, sweeps, verdict
 from .groups import Group, group_runs, plot_bands, seeds_table
-from .stats import PAIRS_FOR_AN_INTERVAL, half_width, holm, paired_difference, pairs_for_power, power
+from .stats import PAIRS_FOR_AN_INTERVAL, half_width, holm, paired_difference, pairs_for_power, pooled_sd, power
 
 __all__ = [
     "PAIRS_FOR_AN_INTERVAL",
@@ -18,6 +18,7 @@ __all__ = [
     "paired_difference",
     "pairs_for_power",
     "plot_bands",
+    "pooled_sd",
     "power",
     "seeded",
     "seeds_table",

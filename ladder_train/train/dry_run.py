@@ -128,23 +128,19 @@ def memory_plan(
     return MemoryPlan(16 * local, gathered, acts["blocks"], acts["logits"], sharded, unsharded)
 
 
-def unsharded_fits(cfg: Config, args, batch: BatchSplit, device: torch.device):
-    """For parallel.accumulate=auto (``parallelize`` asks it with this rank's local parameter count): (whether the
-    plan's total with the gradients kept unsharded fits 90 % of the device's memory, why). The CPU's host memory
-    is not planned: it fits."""
-
-    def fits(local_params: int) -> tuple[bool, str]:
-        if device.type != "cuda":
-            return True, "auto, on the CPU"
-        plan = memory_plan(cfg, args, local_params, batch.micro_batch, device, batch.accumulation)
-        capacity = torch.cuda.get_device_properties(device).total_memory
-        ok = plan.unsharded <= 0.9 * capacity
-        return ok, (
-            f"auto: the plan with unsharded accumulation, {plan.unsharded / GIB:.1f} GiB, "
-            f"{'fits' if ok else 'does not fit'} 90 % of the device's {capacity / GIB:.1f} GiB"
-        )
-
-    return fits
+def unsharded_fits(cfg: Config, args, batch: BatchSplit, device: torch.device, local_params: int) -> tuple[bool, str]:
+    """For parallel.accumulate=auto (``parallelize`` asks it, bound to all but this rank's local parameter count):
+    (whether the plan's total with the gradients kept unsharded fits 90 % of the device's memory, why). The CPU's
+    host memory is not planned: it fits."""
+    if device.type != "cuda":
+        return True, "auto, on the CPU"
+    plan = memory_plan(cfg, args, local_params, batch.micro_batch, device, batch.accumulation)
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    ok = plan.unsharded <= 0.9 * capacity
+    return ok, (
+        f"auto: the plan with unsharded accumulation, {plan.unsharded / GIB:.1f} GiB, "
+        f"{'fits' if ok else 'does not fit'} 90 % of the device's {capacity / GIB:.1f} GiB"
+    )
 
 
 def _simulated_world(simulate: str | None) -> tuple[int, int]:

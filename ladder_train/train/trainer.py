@@ -8,6 +8,7 @@ Launch (``ladder_train.cli``): ``ladder-train --config recipes/X.yaml [key=value
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import shutil
@@ -103,7 +104,7 @@ class Trainer:
         self.compute_dtype = resolve_dtype(cfg.train.dtype, env.device)
         model = build_on_meta(self.model_args)
         freeze_lower_layers(model, cfg.train.freeze_layers)
-        fits = unsharded_fits(cfg, self.model_args, self.batch, env.device)
+        fits = functools.partial(unsharded_fits, cfg, self.model_args, self.batch, env.device)  # asked under FSDP
         self.model, self.micro_batch_plan = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype, fits)
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
