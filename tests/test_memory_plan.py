@@ -62,8 +62,8 @@ def test_a_desync_block_saves_what_the_plan_counts(stream_input, reduces, compil
     """Two emulated streams (t = 2 of 3 KV heads): a module whose input is still two streams normalises both."""
     from functorch.compile import aot_module, make_boxed_func, min_cut_rematerialization_partition
 
+    from ladder_train.model.desync import DesyncBlock
     from ladder_train.model.rope import rope_tables
-    from ladder_train.model.transformer import Block
 
     def no_codegen(graph, inputs):
         return make_boxed_func(graph.forward)
@@ -71,7 +71,7 @@ def test_a_desync_block_saves_what_the_plan_counts(stream_input, reduces, compil
     shape = dict(vocab_size=256, dim=192, n_layers=2, n_heads=6, n_kv_heads=3, ffn_dim=512, max_seq_len=64)
     args = ModelArgs(**shape, residual="desync", desync_tp=2)
     torch.manual_seed(0)
-    block = Block(args, "desync", reduces).to(torch.bfloat16)
+    block = DesyncBlock(args, reduces).to(torch.bfloat16)
     if compiled:
         block = aot_module(block, no_codegen, no_codegen, partition_fn=min_cut_rematerialization_partition)
     x = torch.randn(*((2,) if stream_input else ()), 1, 64, 192, dtype=torch.bfloat16, requires_grad=True)

@@ -4,16 +4,9 @@ from .cost import count_params, flops_per_token
 from .desync import LAYER_REDUCES, desync_problems
 from .hf_format import INDEX_FILE, WEIGHTS_FILE
 from .loss import IGNORE_INDEX, TokenLoss
+from .modules import NO_COMM, Communicator
 from .presets import PRESETS, preset_args
-from .transformer import (
-    NO_COMM,
-    PAPER_LAYOUTS,
-    RESIDUAL_LAYOUTS,
-    Communicator,
-    ModelArgs,
-    Transformer,
-    build_on_meta,
-)
+from .transformer import PAPER_LAYOUTS, RESIDUAL_LAYOUTS, ModelArgs, Transformer, build_on_meta
 
 __all__ = [
     "IGNORE_INDEX",

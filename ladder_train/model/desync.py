@@ -6,13 +6,18 @@ stream and adds its own shard's partial module output to it; a module that reduc
 or inference at TP 1) the same arithmetic runs as ``t`` emulated streams: a stream tensor (t, B, T, D) whose stream
 ``s`` goes through shard ``s`` of each module's weights, the same shards ``model/tp_sharding.py`` gives TP rank ``s``.
 
-This module holds which modules reduce and the per-stream projections; the block that uses them is in
-transformer.py. It imports nothing from the model (transformer.py imports it).
+This module holds which modules reduce, the per-stream projections and ``DesyncBlock``, the layer that owns the
+streams (transformer.py builds it for the desync layers). Its attention and MLP are the standard ones (modules.py),
+with the same parameter names, so checkpoints, exports and TP sharding see a standard layer's weights.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .modules import MLP, NO_COMM, Attention, Communicator, RMSNorm
 
 # what a desync layer all-reduces, per layer of an explicit ``desync_pattern``
 LAYER_REDUCES = {"none": (False, False), "attention": (True, False), "mlp": (False, True), "both": (True, True)}
@@ -96,3 +101,71 @@ def stream_kv_weight(weight: torch.Tensor, n_kv_heads: int, streams: int) -> tor
         return weight
     per_head = weight.view(n_kv_heads, -1, weight.shape[1])
     return per_head.repeat_interleave(streams // n_kv_heads, dim=0).flatten(0, 1)
+
+
+class DesyncBlock(nn.Module):
+    """One desync layer: the standard layer's modules, each adding its partial output to the rank-local streams and
+    all-reducing only where ``reduces`` (attention, MLP) says. ``forward`` has ``Block.forward``'s signature, so the
+    Transformer runs one loop over both; nothing is pending across layers (desync is built on the standard layout).
+
+    At TP t (``comm.tp_degree == t``) each rank holds its shards and one stream (B, T, D) and the modules run as they
+    are. On one device the t streams are emulated: a stream tensor (t, B, T, D), or (B, T, D) while they are
+    synchronised, stream s through shard s of every weight (``stream_rows``, ``stream_cols``)."""
+
+    layout = "desync"
+
+    def __init__(self, args, reduces: tuple[bool, bool]):
+        super().__init__()
+        self.reduce_attention, self.reduce_mlp = reduces
+        self.desync_tp = args.desync_tp
+        # the standard Block's modules in its order: the same names, and the same draws from the init's RNG
+        self.attention = Attention(args)
+        self.mlp = MLP(args)
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
+        self.comm: Communicator = NO_COMM
+
+    def forward(self, r, cos, sin, pending_attn=None, pending_mlp=None, start_pos: int | torch.Tensor = 0):
+        streams = self.desync_tp // self.comm.tp_degree  # t emulated on one device, one per rank at TP t
+
+        def attend(x):
+            return self.stream_attention(x, cos, sin, start_pos, streams)
+
+        def feed_forward(x):
+            return self.stream_mlp(x, streams)
+
+        r = self.module_step(r, attend, self.attention_norm, self.reduce_attention, streams)
+        return self.module_step(r, feed_forward, self.mlp_norm, self.reduce_mlp, streams), None, None
+
+    def module_step(self, r, module, norm, reduce: bool, streams: int) -> torch.Tensor:
+        """One module: each stream adds its own shard's partial output, or, where the module reduces, the ranks
+        re-synchronise on all_reduce(partial + stream / t). ``r``: the rank's stream (B, T, D) at TP t; on one device
+        the t emulated streams (t, B, T, D), or (B, T, D) while they are synchronised."""
+        x = norm(r)
+        if streams > 1 and x.dim() == 3:  # synchronised: every shard reads the same stream
+            x = x.expand(streams, *x.shape)
+        partial = module(x)
+        if not reduce:
+            return r + partial
+        if streams == 1:
+            return self.comm.wait(self.comm.reduce(partial + r / self.desync_tp))
+        return (partial + r / self.desync_tp).sum(0)  # the all-reduce of the t ranks, done in place
+
+    def stream_attention(self, x, cos, sin, start_pos, streams: int) -> torch.Tensor:
+        """The attention's partial output: the module itself on a rank's stream (B, T, D); on the emulated streams
+        (S, B, T, D), stream s through TP rank s's heads, the S partials (S, B, T, D) kept apart."""
+        attention = self.attention
+        if streams == 1:
+            return attention(x, cos, sin, start_pos)
+        q = stream_rows(x, attention.wq.weight)
+        k = stream_rows(x, stream_kv_weight(attention.wk.weight, attention.n_kv_heads, streams))
+        v = stream_rows(x, stream_kv_weight(attention.wv.weight, attention.n_kv_heads, streams))
+        return stream_cols(attention.attend(q, k, v, cos, sin, start_pos), attention.wo.weight, streams)
+
+    def stream_mlp(self, x, streams: int) -> torch.Tensor:
+        """The MLP's partial output, as ``stream_attention``: stream s through TP rank s's hidden units."""
+        mlp = self.mlp
+        if streams == 1:
+            return mlp(x)
+        hidden = F.silu(stream_rows(x, mlp.w_gate.weight)) * stream_rows(x, mlp.w_up.weight)
+        return stream_cols(hidden, mlp.w_down.weight, streams)

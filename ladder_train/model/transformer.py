@@ -8,8 +8,10 @@ layouts (docs/design.md has the equations):
     parallel  n = norm(r);   r = r + A(n) + M(n)
     ladder    each module's output joins the stream one module late, so its all-reduce can overlap
               the next module's compute under tensor parallelism.
-    desync    built for TP degree t: each rank keeps its own stream and all-reduces only where a pattern says
-              (model/desync.py); on one device the t streams are emulated.
+
+``Block`` holds these three; the fourth, desync (built for TP degree t: each rank keeps its own stream and
+all-reduces only where a pattern says), is its own block class, ``DesyncBlock`` in model/desync.py. The modules
+the blocks are made of (norm, attention, MLP) are in model/modules.py.
 
 Every module output is a *partial sum* under tensor parallelism. The single place where it becomes a
 full sum is ``self.comm`` (a :class:`Communicator`): ``comm.reduce(x)`` starts the reduction and
@@ -26,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .desync import reduce_schedule, stream_cols, stream_kv_weight, stream_rows
+from .desync import DesyncBlock, reduce_schedule
 from .kv_cache import KVCache
 from .loss import TokenLoss
-from .rope import apply_rope, rope_tables
+from .modules import MLP, NO_COMM, Attention, Communicator, RMSNorm
+from .rope import rope_tables
 
 RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder", "desync")
 # the layouts that need no further field: what the demo, the benchmark and the predictor run by default
@@ -90,128 +93,16 @@ class ModelArgs:
         return [(True, True)] * (len(layouts) - n_desync) + schedule
 
 
-class Communicator:
-    """Turns a module's partial output into the full sum. This base class is the no-TP case: identity.
-
-    ``reduce(x)`` starts the reduction of ``x`` and returns a tensor to hand to ``wait`` later;
-    ``wait(x)`` returns the reduced tensor. Layouts that add an output at once call ``wait(reduce(x))``;
-    the ladder calls ``reduce`` when the module finishes and ``wait`` one module later.
-    ``tp_degree``: how many ranks hold the modules' shards (a desync block emulates desync_tp / tp_degree streams).
-    """
-
-    tp_degree = 1
-
-    def reduce(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def wait(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def fence(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The tensors unchanged: a point they pass together. A compiler hint only (see the TP communicator):
-        nothing that reads them afterwards may be moved before all of them have been computed."""
-        return tensors
-
-
-NO_COMM = Communicator()
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32 and cast back, as Hugging Face Llama does (so exports give the same logits)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
-
-
-class Attention(nn.Module):
-    """Causal grouped-query self-attention. Under TP each rank holds ``n_heads / tp`` heads and the KV heads they
-    use (``n_kv_heads / tp``, or one replicated above ``n_kv_heads`` ranks: model/tp_sharding.py); the output
-    projection then gives a partial sum that the caller reduces."""
-
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.n_heads = args.n_heads
-        self.n_kv_heads = args.n_kv_heads
-        self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
-        self.kv_cache: KVCache | None = None
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | torch.Tensor = 0):
-        """``x``: (B, T, D), or (S, B, T, D) emulated desync streams, stream s through TP rank s's heads; then the
-        S partial outputs (S, B, T, D) come back unreduced."""
-        streams = x.shape[0] if x.dim() == 4 else 0
-        batch, seq_len = x.shape[-3:-1]
-        if streams:
-            q, k, v = (
-                stream_rows(x, self.wq.weight),
-                stream_rows(x, stream_kv_weight(self.wk.weight, self.n_kv_heads, streams)),
-                stream_rows(x, stream_kv_weight(self.wv.weight, self.n_kv_heads, streams)),
-            )
-        else:
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
-        q = q.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
-        k = k.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
-        v = v.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_cache is None:
-            mask, is_causal = None, True
-        else:
-            if isinstance(start_pos, torch.Tensor):
-                # static shapes (CUDA graphs): write at tensor positions, attend over the whole masked cache
-                query_pos = start_pos + torch.arange(seq_len, device=x.device)
-                k, v = self.kv_cache.update_at(query_pos, k, v)
-            else:
-                k, v = self.kv_cache.update(start_pos, k, v)
-                query_pos = torch.arange(start_pos, start_pos + seq_len, device=x.device)
-            # query i sits at position start_pos + i and sees keys 0..start_pos + i
-            key_pos = torch.arange(k.shape[2], device=x.device)
-            mask, is_causal = key_pos[None, :] <= query_pos[:, None], False
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
-        out = out.transpose(1, 2).reshape(batch, seq_len, -1)
-        return stream_cols(out, self.wo.weight, streams) if streams else self.wo(out)
-
-
-class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)). Under TP each rank holds a slice of the hidden units."""
-
-    def __init__(self, args: ModelArgs):
-        super().__init__()
-        self.w_gate = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.w_up = nn.Linear(args.dim, args.ffn_dim, bias=False)
-        self.w_down = nn.Linear(args.ffn_dim, args.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x``: (B, T, D), or (S, B, T, D) emulated desync streams (see Attention.forward)."""
-        if x.dim() == 4:
-            hidden = F.silu(stream_rows(x, self.w_gate.weight)) * stream_rows(x, self.w_up.weight)
-            return stream_cols(hidden, self.w_down.weight, x.shape[0])
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
-
-
 class Block(nn.Module):
-    """One layer. ``forward(r, pending_attn, pending_mlp)`` returns the new stream and the outputs that
-    the ladder has not added yet (None for the standard and parallel layouts, which add at once)."""
+    """One layer of the paper's layouts (standard, parallel, ladder). ``forward(r, pending_attn, pending_mlp)``
+    returns the new stream and the outputs that the ladder has not added yet (None for the standard and parallel
+    layouts, which add at once)."""
 
-    def __init__(self, args: ModelArgs, layout: str, reduces: tuple[bool, bool] = (True, True)):
+    def __init__(self, args: ModelArgs, layout: str):
         super().__init__()
+        if layout not in PAPER_LAYOUTS:
+            raise ValueError(f"Block holds {', '.join(PAPER_LAYOUTS)}, not {layout!r} (desync: model/desync.py)")
         self.layout = layout
-        self.reduce_attention, self.reduce_mlp = reduces  # desync: which modules all-reduce
-        self.desync_tp = args.desync_tp
         self.attention = Attention(args)
         self.mlp = MLP(args)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
@@ -221,25 +112,17 @@ class Block(nn.Module):
 
     def forward(self, r, cos, sin, pending_attn=None, pending_mlp=None, start_pos: int | torch.Tensor = 0):
         comm = self.comm
-        if self.layout == "standard":
+        if self.layout == "standard":  # docs/design.md, "Standard": r = r + A(norm_a(r)); r = r + M(norm_m(r))
             r = r + comm.wait(comm.reduce(self.attention(self.attention_norm(r), cos, sin, start_pos)))
             r = r + comm.wait(comm.reduce(self.mlp(self.mlp_norm(r))))
             return r, None, None
-        if self.layout == "parallel":
+        if self.layout == "parallel":  # docs/design.md, "Parallel attention": n = norm(r); r = r + A(n) + M(n)
             n = self.attention_norm(r)
             r = r + comm.wait(comm.reduce(self.attention(n, cos, sin, start_pos) + self.mlp(n)))
             return r, None, None
-        if self.layout == "desync":
-            streams = self.desync_tp // comm.tp_degree  # t emulated on one device, one per rank at TP t
-
-            def attend(x):
-                return self.attention(x, cos, sin, start_pos)
-
-            r = self.desync_module(r, attend, self.attention_norm, self.reduce_attention, streams)
-            return self.desync_module(r, self.mlp, self.mlp_norm, self.reduce_mlp, streams), None, None
-        # ladder: add the previous layer's attention output, start this layer's attention, then add the
-        # previous MLP output, start this MLP; each reduction overlaps the next module's compute. The
-        # fences keep the stream behind the module just computed, so a compiler moves no add (hence no
+        # ladder (docs/design.md, "Ladder"): add the previous layer's attention output, start this layer's
+        # attention, then add the previous MLP output, start this MLP; each reduction overlaps the next module's
+        # compute. The fences keep the stream behind the module just computed, so a compiler moves no add (hence no
         # wait) and no later module ahead of the compute that should hide the pending all-reduce.
         if pending_attn is not None:
             r = r + comm.wait(pending_attn)
@@ -249,20 +132,6 @@ class Block(nn.Module):
             r = r + comm.wait(pending_mlp)
         r, mlp_partial = comm.fence(r, self.mlp(self.mlp_norm(r)))
         return r, attn_out, comm.reduce(mlp_partial)
-
-    def desync_module(self, r, module, norm, reduce: bool, streams: int) -> torch.Tensor:
-        """One desync module: each stream adds its own shard's partial output, or, where the module reduces, the
-        ranks re-synchronise on all_reduce(partial + stream / t). ``r``: the rank's stream (B, T, D) at TP t; on
-        one device the t emulated streams (t, B, T, D), or (B, T, D) while they are synchronised."""
-        x = norm(r)
-        if streams > 1 and x.dim() == 3:  # synchronised: every shard reads the same stream
-            x = x.expand(streams, *x.shape)
-        partial = module(x)
-        if not reduce:
-            return r + partial
-        if streams == 1:
-            return self.comm.wait(self.comm.reduce(partial + r / self.desync_tp))
-        return (partial + r / self.desync_tp).sum(0)  # the all-reduce of the t ranks, done in place
 
 
 class Transformer(nn.Module):
@@ -275,8 +144,9 @@ class Transformer(nn.Module):
             raise ValueError(f"residual must be one of {', '.join(RESIDUAL_LAYOUTS)}, got {args.residual!r}")
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # a layer's layout picks its class: the desync layers own their rank-local streams (model/desync.py)
         self.layers = nn.ModuleList(
-            Block(args, layout, reduces)
+            DesyncBlock(args, reduces) if layout == "desync" else Block(args, layout)
             for layout, reduces in zip(args.layer_layouts(), args.layer_reduces(), strict=True)
         )
         self.norm = RMSNorm(args.dim, args.norm_eps)

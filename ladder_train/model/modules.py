@@ -1,0 +1,120 @@
+"""What every block is made of: the RMSNorm, the attention and the SwiGLU MLP (the two *modules* of a layer), and the
+``Communicator`` that turns a module's partial output into the full sum under tensor parallelism.
+
+The modules see one stream, (batch, seq, dim); the layouts that arrange them are the blocks: ``Block`` in
+transformer.py (standard, parallel, ladder) and ``DesyncBlock`` in desync.py. Each module takes a ``ModelArgs``
+(transformer.py) for its sizes; it is not imported here, as transformer.py and desync.py import this module.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .kv_cache import KVCache
+from .rope import apply_rope
+
+
+class Communicator:
+    """Turns a module's partial output into the full sum. This base class is the no-TP case: identity.
+
+    ``reduce(x)`` starts the reduction of ``x`` and returns a tensor to hand to ``wait`` later;
+    ``wait(x)`` returns the reduced tensor. Layouts that add an output at once call ``wait(reduce(x))``;
+    the ladder calls ``reduce`` when the module finishes and ``wait`` one module later.
+    ``tp_degree``: how many ranks hold the modules' shards (a desync block emulates desync_tp / tp_degree streams).
+    """
+
+    tp_degree = 1
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def wait(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def fence(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The tensors unchanged: a point they pass together. A compiler hint only (see the TP communicator):
+        nothing that reads them afterwards may be moved before all of them have been computed."""
+        return tensors
+
+
+NO_COMM = Communicator()
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32 and cast back, as Hugging Face Llama does (so exports give the same logits)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention. Under TP each rank holds ``n_heads / tp`` heads and the KV heads they
+    use (``n_kv_heads / tp``, or one replicated above ``n_kv_heads`` ranks: model/tp_sharding.py); the output
+    projection then gives a partial sum that the caller reduces."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | torch.Tensor = 0):
+        """``x``: (B, T, D); the output projection's (partial) sum (B, T, D)."""
+        return self.wo(self.attend(self.wq(x), self.wk(x), self.wv(x), cos, sin, start_pos))
+
+    def attend(self, q, k, v, cos, sin, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
+        """The attention of projected queries, keys and values (B, T, heads x head_dim each, k and v over the KV
+        heads): rope, the cache, causal SDPA. Returns (B, T, heads x head_dim), the output projection's input."""
+        batch, seq_len = q.shape[:2]
+        q = q.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = k.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = v.view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is None:
+            mask, is_causal = None, True
+        else:
+            if isinstance(start_pos, torch.Tensor):
+                # static shapes (CUDA graphs): write at tensor positions, attend over the whole masked cache
+                query_pos = start_pos + torch.arange(seq_len, device=q.device)
+                k, v = self.kv_cache.update_at(query_pos, k, v)
+            else:
+                k, v = self.kv_cache.update(start_pos, k, v)
+                query_pos = torch.arange(start_pos, start_pos + seq_len, device=q.device)
+            # query i sits at position start_pos + i and sees keys 0..start_pos + i
+            key_pos = torch.arange(k.shape[2], device=q.device)
+            mask, is_causal = key_pos[None, :] <= query_pos[:, None], False
+        groups = q.shape[1] // k.shape[1]
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        return out.transpose(1, 2).reshape(batch, seq_len, -1)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)). Under TP each rank holds a slice of the hidden units."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.w_gate = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w_up = nn.Linear(args.dim, args.ffn_dim, bias=False)
+        self.w_down = nn.Linear(args.ffn_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x``: (B, T, D); the down projection's (partial) sum (B, T, D)."""
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
