@@ -5,7 +5,7 @@ ladder and desync-K layouts and of the no-communication ceiling under tensor par
     ladder-predict --model llama-70b --gpu h100 --link nvlink --tp 8 --batch-sizes 1,4,16,64 \\
         --prompt-len 1024 --gen-len 512 [--out FILE.jsonl] [--plot FILE.png]
     ladder-predict --gpu cpu --link emulated --link-latency-ms 20 --model small --tp 2 ...
-    ladder-predict --compare bench.jsonl [--profile cpu.yaml]      # against ladder-bench's measurements
+    ladder-predict --compare bench.jsonl [--profile cpu.yaml]      # against ladder-bench's or gpu_check's rows
     ladder-predict calibrate --out cpu.yaml                         # measure this machine's `cpu` profile
     ladder-predict validate --out-dir DIR                           # calibrate + ladder-bench runs + --compare
     ladder-predict paper [--out FILE.json]                          # against all 16 cells of the paper's 70B table
@@ -39,7 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--gpu",
         default=None,
-        help="profile name(s): h100 (default), h200, a100, cpu or one of --profile; with --compare cpu by default",
+        help="profile name(s): h100 (default), h200, a100, cpu or one of --profile; with --compare the row's card's",
     )
     p.add_argument(
         "--link",
@@ -75,7 +75,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="JSON lines file (appended)")
     p.add_argument("--plot", default=None, help="PNG of the speedups over standard by batch size")
     p.add_argument(
-        "--compare", default=None, metavar="BENCH.jsonl", help="predict ladder-bench rows and report the errors"
+        "--compare",
+        default=None,
+        metavar="ROWS.jsonl",
+        help="predict ladder-bench rows or gpu_check decode rows and report the errors",
     )
     return p.parse_args(argv)
 
@@ -165,19 +168,18 @@ def paper(argv: list[str]) -> int:
 
 
 def compare(flags: argparse.Namespace) -> int:
-    """``ladder-predict --compare BENCH.jsonl``."""
-    from ..predict.compare import bench_rows, compare_with_bench, print_compare
+    """``ladder-predict --compare FILE.jsonl``: each row on its card's profile, or all on ``--gpu``'s."""
+    from ..predict.compare import bench_rows, compare_with_bench, print_compare, rows_by_profile
     from ..predict.hardware import load_profiles
     from ..predict.predictions import real_link
 
     devices = load_profiles(flags.profile)
-    gpu = flags.gpu or "cpu"  # ladder-bench rows come from the CPU unless told otherwise
-    if gpu not in devices:
-        raise InputError(f"--gpu {gpu!r}: no such profile (have {', '.join(devices)})")
-    bench = bench_rows(flags.compare)
-    link = real_link(devices[gpu], flags.link) if flags.link else None
-    results, summary = compare_with_bench(bench, devices[gpu], link)
-    print_compare(results, summary, flags.compare, gpu)
+    if flags.gpu and flags.gpu not in devices:
+        raise InputError(f"--gpu {flags.gpu!r}: no such profile (have {', '.join(devices)})")
+    for gpu, rows in rows_by_profile(bench_rows(flags.compare), devices, flags.gpu).items():
+        link = real_link(devices[gpu], flags.link) if flags.link else None
+        results, summary = compare_with_bench(rows, devices[gpu], link)
+        print_compare(results, summary, flags.compare, gpu)
     return 0
 
 

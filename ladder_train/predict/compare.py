@@ -1,5 +1,6 @@
-"""``ladder-predict --compare BENCH.jsonl``: the performance model's prediction of every ladder-bench row beside
-its measurement, and the relative errors."""
+"""``ladder-predict --compare FILE.jsonl``: the performance model's prediction of every measured row beside its
+measurement, and the relative errors. The rows are ladder-bench's or benchmarks/gpu_check.py's ``decode`` rows
+(``rows.py``); each is predicted on the profile of its card (``rows.profile_for``) unless ``--gpu`` names one."""
 
 from __future__ import annotations
 
@@ -7,28 +8,30 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from ..bench_schema import WHERE, read_bench
+from ..bench_schema import WHERE
 from ..errors import InputError
 from ..model import PAPER_LAYOUTS
 from ..option_errors import desync_every
-from .perfmodel import Emulated, predict_rows
+from .perfmodel import Device, Emulated, predict_rows
+from .rows import decode_rows, profile_for
 from .shapes import shape_from_fields
-
-# the fields of a ladder-bench row (bench_schema.FIELDS) a prediction needs, beside model_args
-BENCH_KEYS = ("layout", "batch", "prompt_len", "gen_len", "decode_ms_per_token", "tp")
 
 
 def bench_rows(path: str | Path) -> list[dict]:
-    """ladder-bench rows the predictor can predict: every key it needs, the model's fields among them."""
-    rows = read_bench(path, need=BENCH_KEYS)
+    """The rows of ``path`` the predictor can predict (``rows.decode_rows``): ladder-bench's, and gpu_check's
+    decode rows made ladder-bench rows."""
+    return decode_rows(path)
+
+
+def rows_by_profile(rows: list[dict], devices: dict[str, Device], gpu: str | None = None) -> dict[str, list[dict]]:
+    """The rows each profile predicts: ``gpu`` all of them, else each row its card's (``rows.profile_for``)."""
+    groups: dict[str, list[dict]] = {}
     for row in rows:
-        if not isinstance(row.get("model_args"), dict):
-            raise InputError(
-                f"{row[WHERE]}: no model_args in the row: rerun ladder-bench with a version that records them"
-            )
-    if not rows:
-        raise InputError(f"{path}: no rows")
-    return rows
+        name = gpu or profile_for(row, devices)
+        if name not in devices:
+            raise InputError(f"--gpu {name!r}: no such profile (have {', '.join(devices)})")
+        groups.setdefault(name, []).append(row)
+    return groups
 
 
 def _rel(pred: float | None, meas: float | None) -> float | None:
@@ -47,6 +50,30 @@ def _setting(row: dict, shape, device, link: str | None) -> tuple[tuple, tuple]:
     dev = dataclasses.replace(device, compiled=bool(row.get("compiled", device.compiled)))
     key = (shape.key, dev.compiled, row["tp"], row["batch"], row["prompt_len"], row["gen_len"], emulated)
     return key, (dev, link_name, emulated)
+
+
+def _result(row: dict, shape: str, pred: dict, pred_none: dict) -> dict:
+    """One row's prediction beside its measurement: decode step, prefill, speedup and no-communication step."""
+    meas_sp = row.get("decode_speedup_vs_standard")
+    result = {
+        "shape": shape,
+        "layout": row["layout"],
+        "batch": row["batch"],
+        "x_ms": row.get("emulated_link_latency_ms") or 0.0,
+        "pred_decode_ms": pred["decode_ms_per_token"],
+        "meas_decode_ms": row["decode_ms_per_token"],
+        "pred_prefill_ms": pred["prefill_ms"],
+        "meas_prefill_ms": row.get("prefill_ms"),
+        "pred_speedup": pred["decode_speedup_vs_standard"],
+        "meas_speedup": meas_sp,
+        "pred_none_ms": pred_none["decode_ms_per_token"],
+        "meas_none_ms": (row.get("none") or {}).get("decode_ms_per_token"),
+    }
+    result["decode_err"] = _rel(result["pred_decode_ms"], result["meas_decode_ms"])
+    result["prefill_err"] = _rel(result["pred_prefill_ms"], result["meas_prefill_ms"])
+    result["speedup_err"] = _rel(result["pred_speedup"], meas_sp) if row["layout"] != "standard" else None
+    result["none_err"] = _rel(result["pred_none_ms"], result["meas_none_ms"])
+    return result
 
 
 def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tuple[list[dict], dict]:
@@ -80,31 +107,13 @@ def compare_with_bench(bench: list[dict], device, link: str | None = None) -> tu
                 tuple(sorted(layouts[key])),
             )
             cache[key] = {r["layout"]: r for r in preds}
-        pred = cache[key][row["layout"]]
-        pred_none = cache[key]["none"]
-        meas_sp = row.get("decode_speedup_vs_standard")
-        result = {
-            "shape": shape.name,
-            "layout": row["layout"],
-            "batch": row["batch"],
-            "x_ms": row.get("emulated_link_latency_ms") or 0.0,
-            "pred_decode_ms": pred["decode_ms_per_token"],
-            "meas_decode_ms": row["decode_ms_per_token"],
-            "pred_speedup": pred["decode_speedup_vs_standard"],
-            "meas_speedup": meas_sp,
-            "pred_none_ms": pred_none["decode_ms_per_token"],
-            "meas_none_ms": (row.get("none") or {}).get("decode_ms_per_token"),
-        }
-        result["decode_err"] = _rel(result["pred_decode_ms"], result["meas_decode_ms"])
-        result["speedup_err"] = _rel(result["pred_speedup"], meas_sp) if row["layout"] != "standard" else None
-        result["none_err"] = _rel(result["pred_none_ms"], result["meas_none_ms"])
-        out.append(result)
+        out.append(_result(row, shape.name, cache[key][row["layout"]], cache[key]["none"]))
 
     def mae(key):
         errs = [abs(r[key]) for r in out if r[key] is not None]
         return statistics.fmean(errs) if errs else None
 
-    return out, {"decode": mae("decode_err"), "speedup": mae("speedup_err"), "none": mae("none_err")}
+    return out, {key: mae(f"{key}_err") for key in ("decode", "prefill", "speedup", "none")}
 
 
 def print_compare(results: list[dict], summary: dict, path: str, device_name: str):
@@ -114,24 +123,22 @@ def print_compare(results: list[dict], summary: dict, path: str, device_name: st
     def num(v, spec):
         return format(v, spec) if v is not None else "-"
 
-    print(f"\nladder-predict --compare {path}: PREDICTED ({device_name} profile) vs MEASURED (ladder-bench)")
+    print(f"\nladder-predict --compare {path}: PREDICTED ({device_name} profile) vs MEASURED")
     head = (
         f"{'shape':<24}{'layout':<9}{'batch':>6}{'X ms':>6} | {'decode ms/tok pred':>18}{'meas':>9}{'err':>8} |"
+        f" {'prefill ms pred':>15}{'meas':>9}{'err':>8} |"
         f" {'speedup pred':>12}{'meas':>7}{'err':>8} | {'no-comm pred':>12}{'meas':>9}{'err':>8}"
     )
     print(head + "\n" + "-" * len(head))
     for r in results:
         print(
-            f"{r['shape'][-24:]:<24}{r['layout']:<9}{r['batch']:>6}{r['x_ms']:>6g} | {r['pred_decode_ms']:>18.2f}"
-            f"{r['meas_decode_ms']:>9.2f}{pct(r['decode_err']):>8} | {r['pred_speedup']:>11.2f}x"
-            f"{num(r['meas_speedup'], '6.2f'):>6}x{pct(r['speedup_err']):>8} | {r['pred_none_ms']:>12.2f}"
-            f"{num(r['meas_none_ms'], '.2f'):>9}{pct(r['none_err']):>8}"
+            f"{r['shape'][-23:]:<24}{r['layout']:<9}{r['batch']:>6}{r['x_ms']:>6g} | {r['pred_decode_ms']:>18.3f}"
+            f"{r['meas_decode_ms']:>9.3f}{pct(r['decode_err']):>8} | {r['pred_prefill_ms']:>15.3f}"
+            f"{num(r['meas_prefill_ms'], '.3f'):>9}{pct(r['prefill_err']):>8} | {r['pred_speedup']:>11.2f}x"
+            f"{num(r['meas_speedup'], '6.2f'):>6}x{pct(r['speedup_err']):>8} | {r['pred_none_ms']:>12.3f}"
+            f"{num(r['meas_none_ms'], '.3f'):>9}{pct(r['none_err']):>8}"
         )
-    print(
-        "mean absolute error: decode ms/tok "
-        + (f"{summary['decode']:.1%}" if summary["decode"] is not None else "-")
-        + ", decode speedup (non-standard rows) "
-        + (f"{summary['speedup']:.1%}" if summary["speedup"] is not None else "-")
-        + ", no-comm ms/tok "
-        + (f"{summary['none']:.1%}" if summary["none"] is not None else "-")
-    )
+    names = {"decode": "decode ms/tok", "prefill": "prefill ms", "speedup": "decode speedup (non-standard rows)"}
+    names["none"] = "no-comm ms/tok"
+    parts = [f"{names[k]} " + (f"{v:.1%}" if v is not None else "-") for k, v in summary.items()]
+    print("mean absolute error: " + ", ".join(parts))

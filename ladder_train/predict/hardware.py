@@ -173,6 +173,7 @@ def parse_profiles(data, origin: str) -> dict[str, Device]:
             entry.get("gpus_per_node", 8),
             inter,
             _overheads(entry, where),
+            entry.get("card"),
         )
     return devices
 

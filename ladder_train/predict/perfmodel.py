@@ -63,6 +63,7 @@ class Device:
     # measured fixed costs (eager CPU): seconds per attention block, per MLP block and per step (embedding,
     # head, sampling, the Python loop); when given they replace kernel_s x the kernel count
     overheads: dict[str, float] | None = None
+    card: str | None = None  # the GPU card of gpu_cards.py the profile names (``card:``): rows of it are its rows
 
 
 def comm_parts(link: Link, nbytes: float, tp: int) -> float:
