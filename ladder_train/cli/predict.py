@@ -9,6 +9,7 @@ ladder and desync-K layouts and of the no-communication ceiling under tensor par
     ladder-predict calibrate --out cpu.yaml                         # measure this machine's `cpu` profile
     ladder-predict validate --out-dir DIR                           # calibrate + ladder-bench runs + --compare
     ladder-predict paper [--out FILE.json]                          # against all 16 cells of the paper's 70B table
+    ladder-predict fit CARD_A.jsonl ... --check CARD_B.jsonl        # fitted on one card's rows, checked on another's
 """
 
 from __future__ import annotations
@@ -167,6 +168,33 @@ def paper(argv: list[str]) -> int:
     return 0
 
 
+def fit(argv: list[str]) -> int:
+    """``ladder-predict fit``."""
+    import json
+
+    from ..predict import fit as card_fit
+    from ..predict.hardware import load_profiles
+
+    p = Parser(prog=card_fit.PROG, description=card_fit.__doc__.split("\n\n")[0])
+    p.add_argument("rows", nargs="+", help="one card's row files (gpu_check or ladder-bench --out)")
+    p.add_argument("--check", required=True, help="the other card's row files, comma-separated")
+    free = ",".join(card_fit.FREE)
+    p.add_argument("--free", default=None, help=f"the constants to fit (default: {free}, then all three)")
+    p.add_argument("--profile", default=None, help="a YAML file of profiles, added to (or replacing) the shipped ones")
+    p.add_argument("--out", default=None, help="JSON file to write (the fits and every prediction)")
+    opts = p.parse_args(argv)
+    sets = (tuple(names(opts.free)),) if opts.free else (card_fit.FREE, card_fit.CONSTANTS)
+    result = card_fit.card_check(opts.rows, names(opts.check), load_profiles(opts.profile), sets)
+    print(f"{card_fit.PROG}: PREDICTED against the rows' measurements\n")
+    print(card_fit.markdown(result))
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+        print(f"\nwritten to {opts.out}")
+    return 0
+
+
 def compare(flags: argparse.Namespace) -> int:
     """``ladder-predict --compare FILE.jsonl``: each row on its card's profile, or all on ``--gpu``'s."""
     from ..predict.compare import bench_rows, compare_with_bench, print_compare, rows_by_profile
@@ -199,7 +227,7 @@ def predict(flags: argparse.Namespace, grid: PredictOptions) -> int:
     return 0
 
 
-SUBCOMMANDS = {"calibrate": calibrate, "validate": validate, "paper": paper}
+SUBCOMMANDS = {"calibrate": calibrate, "validate": validate, "paper": paper, "fit": fit}
 
 
 def run(argv: list[str]) -> int:
