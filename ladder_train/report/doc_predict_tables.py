@@ -4,7 +4,9 @@
 - ``predict-llama70b-tp8``: the rows ``ladder-predict --out`` writes for one model, profile and TP degree over its
   links and batch sizes (prefill, decode per token, comm share, the speedups over standard);
 - ``predict-sensitivity``: the rows ``benchmarks/predictor_sensitivity.py`` writes, the error against the paper's 70B
-  table of the h100 profile with one hand-set constant changed at a time.
+  table of the h100 profile with one hand-set constant changed at a time;
+- ``predict-card-fit``: the hand-set constants fitted on one card's committed GPU rows and checked on the other's
+  (``ladder-predict fit``, made here from the rows under ``docs/results/gpu/``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..predict import card_check, card_check_markdown, load_profiles
 from .doc_bench_tables import from_file
 from .tables import markdown_table
 
 LLAMA70B_TP8 = "docs/results/predict/llama70b_tp8.jsonl"  # ladder-predict --model llama-70b ... --out
 SENSITIVITY = "docs/results/predict/sensitivity.jsonl"  # python -m benchmarks.predictor_sensitivity --out
+# ladder-predict fit H100_ROWS... --check H200_ROWS...: the 8-layer file is a copy of that session's
+# shared/gpu/2026-11-26/bench_tp1_8layers.jsonl (ladder-bench --out on the H100)
+CARD_FIT = (
+    ("docs/results/gpu/h100_2026-11-27.jsonl", "docs/results/gpu/h100_2026-11-26_bench_tp1_8layers.jsonl"),
+    ("docs/results/gpu/h200_2026-11-28.jsonl",),
+)
 LINK_NAMES = {"nvlink": "NVLink", "pcie": "P2P disabled"}  # the profile's pcie link is NCCL_P2P_DISABLE=1
 # the cells of the paper's table the sensitivity table shows: (column, the rows' name of the cell)
 SHOWN_CELLS = (
@@ -117,7 +126,15 @@ def sensitivity(rows: list[dict], path: str = SENSITIVITY) -> str:
     )
 
 
+def card_fit(root: Path) -> str:
+    """``ladder-predict fit``'s table of ``CARD_FIT``'s two cards: their rows on the shipped profiles, then each fit
+    in sample and out of sample on the other card."""
+    files_a, files_b = ([root / name for name in files] for files in CARD_FIT)
+    return card_check_markdown(card_check(files_a, files_b, load_profiles())) + "\n"
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "predict-llama70b-tp8": from_file(LLAMA70B_TP8, prediction_grid),
     "predict-sensitivity": from_file(SENSITIVITY, sensitivity),
+    "predict-card-fit": card_fit,
 }
