@@ -15,26 +15,38 @@ A field's docstring-comment is its documentation.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
-from .config_checks import bounded, check_values, choice
+from .config_checks import (
+    bounded,
+    check_layer,
+    check_override_text,
+    check_recipe_text,
+    check_values,
+    choice,
+    convert_error,
+    quote,
+)
 from .errors import ConfigError
 from .model import PRESETS, ModelArgs
 from .paper import PAPER_TASKS
+
+# the longest wait in seconds a setting may ask: a loader worker's queue is polled (select.poll) in milliseconds held
+# in a C int, 2**31 - 1 ms; the process group's timeout keeps to it too (c10d's store overflows near 2**63 ns)
+MAX_WAIT_S = (2**31 - 1) // 1000
 
 
 @dataclass
 class RunConfig:
     name: str = "run"  # run name: the default run directory and wandb run name
     dir: str = "runs/${run.name}"  # everything the run writes goes here (config, metrics, checkpoints)
-    seed: int = 0  # seeds model init and any sampling
+    seed: int = bounded(0, lambda v: v >= 0, ">= 0 (numpy's generators take no negative seed)")  # init, sampling
 
 
 @dataclass
@@ -75,7 +87,7 @@ class DataConfig:
     num_workers: int = bounded(2, lambda v: v >= 0, ">= 0 (0 = tokenize in the trainer)")
     # seconds the trainer waits for a worker's next batch before stopping with an error: a stuck worker (one
     # deadlocked at its fork, say) then ends the run for a restart instead of idling it; 0 = wait forever
-    worker_timeout_s: int = bounded(600, lambda v: v >= 0, ">= 0 (0 = wait forever)")
+    worker_timeout_s: int = bounded(600, lambda v: 0 <= v <= MAX_WAIT_S, f"in [0, {MAX_WAIT_S}] (0 = wait forever)")
     # documents are shuffled in consecutive blocks of this many (per loader worker, seeded by run.seed and the
     # epoch; resumes exactly); 0 = file order
     shuffle_buffer: int = bounded(0, lambda v: v >= 0, ">= 0 (0 = no shuffling)")
@@ -105,8 +117,8 @@ class ScheduleConfig:
     # cosine: linear warmup, then cosine decay to min_lr_ratio x peak at total_steps |
     # wsd (warmup-stable-decay): linear warmup, the peak held, then a decay of decay_shape over the last steps
     kind: str = choice("cosine", ("cosine", "wsd"))
-    warmup_steps: int = 2000  # linear warmup from 0 to the peak lr
-    total_steps: int = 25000  # the decay ends here, at min_lr_ratio x peak
+    warmup_steps: int = bounded(2000, lambda v: v >= 0, ">= 0")  # linear warmup from 0 to the peak lr
+    total_steps: int = bounded(25000, lambda v: v >= 1, "at least 1")  # the decay ends here, at min_lr_ratio x peak
     min_lr_ratio: float = 0.1
     # if set (e.g. 8e9), overrides warmup_steps (tokens / global batch tokens)
     warmup_tokens: float | None = bounded(None, lambda v: v is None or v >= 0, ">= 0, or null")
@@ -161,8 +173,8 @@ class TrainConfig:
 
 @dataclass
 class ParallelConfig:
-    dp_replicate: int = -1  # replicas (HSDP outer dimension); -1 = number of nodes
-    dp_shard: int = -1  # shards per replica (FSDP inner dimension); -1 = processes per node
+    dp_replicate: int = bounded(-1, lambda v: v == -1 or v >= 1, "-1 or at least 1")  # replicas (HSDP); -1 = nodes
+    dp_shard: int = bounded(-1, lambda v: v == -1 or v >= 1, "-1 or at least 1")  # shards per replica; -1 = per node
     # none | full (recompute every block) | every_n (every ac_every-th block) | selective (every block keeps its
     # matmul and attention outputs and recomputes the rest: norms, rope, activations, adds)
     activation_checkpoint: str = choice("none", ("none", "full", "every_n", "selective"))
@@ -174,7 +186,8 @@ class ParallelConfig:
     accumulate: str = choice("auto", ("auto", "unsharded", "sharded"))
     # consecutive blocks sharded as one FSDP unit: FSDP's hooks run once per unit (sharded: two units gathered)
     blocks_per_fsdp_unit: int = bounded(1, lambda v: v >= 1, "at least 1")
-    timeout_s: int = 1800  # init and collective timeout (s): a rank waiting longer fails; rank 0's lm-eval is exempt
+    # init and collective timeout (s): a rank waiting longer fails; rank 0's lm-eval is exempt
+    timeout_s: int = bounded(1800, lambda v: 1 <= v <= MAX_WAIT_S, f"in [1, {MAX_WAIT_S}] seconds")
 
 
 @dataclass
@@ -261,48 +274,13 @@ class Config:
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
 
 
-def _valid_keys(section_type: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(section_type)]
-
-
-def _section_type(dotted: str) -> type:
-    """The dataclass that holds the key ``dotted`` (its parent), walking from Config."""
-    current: type = Config
-    for part in dotted.split(".")[:-1]:
-        fields = {f.name: f for f in dataclasses.fields(current)}
-        if part not in fields or not dataclasses.is_dataclass(fields[part].default_factory):
-            break
-        current = fields[part].default_factory
-    return current
-
-
-def _unknown_key_message(dotted: str, origin: str) -> str:
-    section = _section_type(dotted)
-    valid = _valid_keys(section)
-    leaf = dotted.split(".")[-1]
-    close = difflib.get_close_matches(leaf, valid, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{origin}: unknown key '{dotted}'{hint}; valid keys here: {', '.join(valid)}"
-
-
-def _convert_error(err: OmegaConfBaseException, origin: str) -> ConfigError:
-    key = getattr(err, "full_key", None) or getattr(err, "key", None) or "?"
-    if isinstance(err, (ConfigKeyError, ConfigAttributeError)):
-        return ConfigError(_unknown_key_message(str(key), origin))
-    if isinstance(err, ValidationError):
-        leaf = str(key).split(".")[-1]
-        types = {f.name: f.type for f in dataclasses.fields(_section_type(str(key)))}
-        want = str(types.get(leaf, "another type")).replace(" | None", " or null")
-        return ConfigError(f"{origin}: key '{key}' expects {want}, got {getattr(err, 'value', None)!r}")
-    return ConfigError(f"{origin}: {str(err).splitlines()[0]}")
-
-
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> DictConfig:
     """Read a recipe and the recipes it names in ``defaults``, merged base-first (untyped)."""
     if not path.is_file():
         raise ConfigError(f"recipe not found: {path}")
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'defaults' cycle through {' -> '.join(str(p) for p in seen)}")
+    check_recipe_text(path, path.read_text(errors="replace"))
     try:
         raw = OmegaConf.load(path)
     except Exception as err:  # a YAML syntax error: show the file and the first line of the reason
@@ -322,7 +300,9 @@ def _merge_typed(schema: DictConfig, layer: DictConfig, origin: str) -> DictConf
     try:
         return OmegaConf.merge(schema, layer)
     except OmegaConfBaseException as err:
-        raise _convert_error(err, origin) from None
+        raise convert_error(err, origin, Config) from None
+    except TypeError as err:  # a container of another kind that check_layer did not see (a preset's)
+        raise ConfigError(f"{origin}: {err}") from None
 
 
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -333,11 +313,14 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         layers.append((str(recipe), _read_yaml(Path(recipe))))
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. model.n_layers=4)")
+            raise ConfigError(f"override {quote(item)} is not of the form key=value (e.g. model.n_layers=4)")
+        check_override_text(item)
         try:
-            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-        except OmegaConfBaseException as err:
-            raise ConfigError(f"override {item!r}: {str(err).splitlines()[0]}") from None
+            layers.append((f"override {quote(item)}", OmegaConf.from_dotlist([item])))
+        except Exception as err:  # OmegaConf's or YAML's: the first line of the reason
+            raise ConfigError(f"override {quote(item)}: {str(err).splitlines()[0]}") from None
+    for origin, layer in layers:
+        check_layer(OmegaConf.to_container(layer, resolve=False), Config, origin)
 
     schema = OmegaConf.structured(Config)
     # first pass: find the preset, checking keys and types on the way
@@ -358,7 +341,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         OmegaConf.resolve(merged)
         cfg: Config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise _convert_error(err, str(recipe) if recipe else "config") from None
+        raise convert_error(err, str(recipe) if recipe else "config", Config) from None
     check_values(cfg)
     return cfg
 

@@ -183,12 +183,55 @@ def test_paper_recipes_stream_sample_100bt_shuffled(recipe):
         ("parallel.ac_every=0", "parallel.ac_every"),
         ("model.norm_eps=0", "model.norm_eps"),
         ("train.schedule.total_tokens=0", "train.schedule.total_tokens"),
+        # the ceilings and floors of what consumes them: poll() takes milliseconds in a C int, numpy no negative seed
+        ("data.worker_timeout_s=2592000", "data.worker_timeout_s"),
+        ("parallel.timeout_s=2592000", "parallel.timeout_s"),
+        ("run.seed=-1", "run.seed"),
+        ("parallel.dp_shard=0", "parallel.dp_shard"),
+        ("parallel.dp_replicate=-2", "parallel.dp_replicate"),
+        ("train.optimizer.weight_decay=inf", "train.optimizer.weight_decay"),
+        ("train.optimizer.eps=inf", "train.optimizer.eps"),
+        ("train.schedule.warmup_tokens=inf", "train.schedule.warmup_tokens"),
+        ("model.init_std=inf", "model.init_std"),
+        ("profile.wait=9223372036854775808", "profile.wait"),
+        ("train.schedule.warmup_steps=-1", "train.schedule.warmup_steps"),
     ],
 )
 def test_numbers_out_of_range_are_refused_naming_the_key(override, key):
     with pytest.raises(ConfigError, match=f"^key '{key}' must ") as caught:
         load_config(None, [override])
     assert "\n" not in str(caught.value)
+
+
+def test_the_largest_timeouts_their_waits_take_stay_valid():
+    cfg = load_config(None, ["data.worker_timeout_s=2147483", "parallel.timeout_s=2147483", "run.seed=0"])
+    assert cfg.data.worker_timeout_s == cfg.parallel.timeout_s == 2147483
+
+
+def test_every_number_has_a_range():
+    """A numeric field carries its range (``bounded``) or is checked with the fields it depends on."""
+    import dataclasses
+    import typing
+
+    from ladder_train.config import Config
+    from ladder_train.config_checks import field_rules
+
+    ruled = {key for key, rule in field_rules(Config) if "check" in rule}
+    spanning = {"model." + k for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim")}
+    spanning |= {"model.max_seq_len", "model.ladder_layers", "model.desync_tp", "model.desync_reduce_every"}
+    spanning |= {"model.desync_layers", "train.global_batch_size", "train.micro_batch_size", "train.log_every"}
+    spanning |= {"train.freeze_layers", "train.schedule.warmup_steps", "train.schedule.total_steps"}
+    spanning |= {"train.schedule.min_lr_ratio", "checkpoint.keep"}
+
+    def numbers(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            kind = typing.get_type_hints(cls)[f.name]
+            if dataclasses.is_dataclass(kind):
+                yield from numbers(kind, f"{prefix}{f.name}.")
+            elif kind in (int, float, int | None, float | None):
+                yield prefix + f.name
+
+    assert set(numbers(Config)) - ruled - spanning == set()
 
 
 def test_a_learning_rate_of_zero_and_no_weight_decay_stay_valid():
