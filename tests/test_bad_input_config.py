@@ -75,3 +75,19 @@ def test_the_values_that_look_close_stay_valid():
     assert load_config(SMOKE, ["model.residual=ladder", "model.desync_reduce_every=2"]).model.residual == "ladder"
     desync = load_config(SMOKE, [*DESYNC, "model.desync_pattern=[none,both]", "model.desync_reduce_every=4"])
     assert desync.model.desync_pattern == ["none", "both"]
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--gpu-memory", "40"], "--gpu-memory 40.0 only means something with --dry-run"),
+        (["--simulate", "2x8"], "--simulate '2x8' only means something with --dry-run"),
+        (["--dry-run", "--simulate", "0x8"], "--simulate '0x8': NODES and GPUS must be integers >= 1"),
+        (["--dry-run", "--simulate", "2x"], "--simulate '2x' must look like NODESxGPUS"),
+    ],
+)
+def test_flags_of_the_dry_run_are_refused_without_it_and_named(tmp_path, capsys, monkeypatch, flags, named):
+    run = tmp_path / "run"
+    argv = ["--config", SMOKE, f"run.dir={run}", "wandb.mode=disabled", *flags]
+    assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
+    assert not run.exists()  # refused before the trainer made its folder

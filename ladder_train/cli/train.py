@@ -47,18 +47,21 @@ def cmd_train(argv: list[str]) -> int:
     parser.add_argument(
         "--gpu-memory",
         type=positive_float,
-        default=80.0,
+        default=None,
         metavar="GIB",
         help="with --dry-run: the GPU memory the largest fitting micro-batch is named for (default 80, an H100)",
     )
     args = parser.parse_args(argv)
+    for flag, value in (("--simulate", args.simulate), ("--gpu-memory", args.gpu_memory)):
+        if value is not None and not args.dry_run:  # ignored, a full training would start instead of a plan
+            parser.error(f"{flag} {value!r} only means something with --dry-run: add it, or leave {flag} out to train")
     cfg = load_config(args.config, args.overrides)
     if cfg.checkpoint.init_from:  # a model that does not fit the recipe is refused before any process group exists
         from ..loading import check_init_source
 
         check_init_source(cfg.checkpoint.init_from, model_args(cfg.model))
     if args.dry_run:
-        print(dry_run(cfg, args.simulate, args.gpu_memory * 2**30))
+        print(dry_run(cfg, args.simulate, (args.gpu_memory or 80.0) * 2**30))
         return 0
     env = init_distributed(cfg.parallel.timeout_s)
     try:

@@ -144,13 +144,18 @@ def unsharded_fits(cfg: Config, args, batch: BatchSplit, device: torch.device, l
 
 
 def _simulated_world(simulate: str | None) -> tuple[int, int]:
+    """(nodes, GPUs per node) of ``--simulate NODESxGPUS``, else of SLURM_NNODES and GPUS_PER_NODE (1 x 8)."""
     if simulate is None:
-        nodes = int(os.environ.get("SLURM_NNODES", 1))
-        return nodes, int(os.environ.get("GPUS_PER_NODE", 8))
+        where = "SLURM_NNODES and GPUS_PER_NODE"
+        text = f"{os.environ.get('SLURM_NNODES', 1)}x{os.environ.get('GPUS_PER_NODE', 8)}"
+    else:
+        where, text = "--simulate", simulate
     try:
-        nodes, gpus = (int(x) for x in simulate.lower().split("x"))
+        nodes, gpus = (int(x) for x in text.lower().split("x"))
     except ValueError:
-        raise ConfigError(f"--simulate {simulate!r} must look like NODESxGPUS, e.g. 16x8") from None
+        raise ConfigError(f"{where} {text!r} must look like NODESxGPUS, e.g. 16x8") from None
+    if nodes < 1 or gpus < 1:
+        raise ConfigError(f"{where} {text!r}: NODES and GPUS must be integers >= 1, e.g. 16x8")
     return nodes, gpus
 
 
