@@ -271,13 +271,15 @@ def test_the_plan_is_within_5_percent_of_a_fake_training_steps_peak(layout, chec
 
 
 def test_sharded_accumulation_plans_two_units_of_blocks_gathered():
-    """The current unit and the prefetched one: each block more per unit adds two blocks' bf16 parameters."""
-    plans = {units: plan_of(small_run("standard", "none", units=units, layers=8)) for units in (1, 4, 8, 16)}
+    """The current unit and the prefetched one: each block more per unit adds two blocks' bf16 parameters, up to
+    the model's blocks (k = 5 of 8 layers: units of 5 and 3; k >= 8: one unit)."""
+    plans = {units: plan_of(small_run("standard", "none", units=units, layers=8)) for units in (1, 4, 5, 8, 16)}
     args = model_args(small_run("standard", "none", layers=8).model)
     block_bytes = 2 * (count_params(args)["non_embedding"] - args.dim) / args.n_layers
     assert plans[4].gathered - plans[1].gathered == pytest.approx(2 * 3 * block_bytes)
     assert plans[4].sharded - plans[1].sharded == pytest.approx(2 * 3 * block_bytes)
-    assert plans[16].gathered == plans[8].gathered  # a unit holds at most the model's blocks
+    for units in (5, 8, 16):  # a unit holds at most the model's blocks, two units together too
+        assert plans[units].gathered - plans[1].gathered == pytest.approx((8 - 2) * block_bytes)
     assert plans[16].unsharded == plans[1].unsharded  # kept unsharded, every block is gathered anyway
 
 

@@ -114,9 +114,10 @@ def memory_plan(
     total, local = counts["total"], local_params
     block_params = (counts["non_embedding"] - args.dim) / args.n_layers
     acts = activation_bytes(cfg, micro_batch)
-    # unsharded compute copies in flight: the current and the prefetched unit of blocks, and the root's embedding
-    unit = min(cfg.parallel.blocks_per_fsdp_unit, args.n_layers)
-    gathered = dtype_bytes * (2 * unit * block_params + counts["embedding"])
+    # unsharded compute copies in flight: the current and the prefetched unit of blocks (units of k consecutive
+    # blocks, the last one shorter: two of them hold min(2k, layers)), and the root's embedding
+    in_flight = min(2 * cfg.parallel.blocks_per_fsdp_unit, args.n_layers)
+    gathered = dtype_bytes * (in_flight * block_params + counts["embedding"])
     in_backward = acts["blocks"] + max(acts["logits"], acts["recompute"])
     # zero_grad(set_to_none) leaves no gradient to the first micro-batch; the later ones find the sharded gradients
     # (HSDP: its partial reductions) of the earlier ones
