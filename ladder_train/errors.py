@@ -20,5 +20,6 @@ class Preempted(Exception):
     """SIGTERM or SIGUSR1 arrived: a checkpoint of the current step was saved; requeue to resume. Exit 75."""
 
 
-# exit status of every console script (cli.run_command); 75 is sysexits' EX_TEMPFAIL: the Slurm script requeues on it
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 75
+# exit status of every console script (cli.run_command); 75 is sysexits' EX_TEMPFAIL: the Slurm script requeues on it;
+# 130 is 128 + SIGINT, as a shell reports a Ctrl-C
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REQUEUE, EXIT_INTERRUPTED = 0, 1, 2, 75, 130

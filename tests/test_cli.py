@@ -130,3 +130,41 @@ def test_the_table_covers_every_installed_console_script():
 def test_bad_input_is_exit_2_and_one_line_naming_it(inputs, capsys, monkeypatch, prog, argv, named):
     fill = {key: str(value) for key, value in inputs.items()}
     assert_bad_input(prog, [arg.format(**fill) for arg in argv], named.format(**fill), capsys, monkeypatch)
+
+
+def test_ctrl_c_while_a_command_imports_is_exit_130_and_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "slow_to_import.py").write_text("raise KeyboardInterrupt\n")  # Ctrl-C while its imports load
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = cli._module_command("ladder-x", "slow_to_import")
+    assert entry([]) == 130
+    assert capsys.readouterr().err == "ladder-x: interrupted (Ctrl-C)\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["ladder-train", "show", "--config", SMOKE], ["ladder-data", "info", "."]])
+def test_ctrl_c_in_the_first_seconds_of_a_console_script_is_exit_130_and_one_line(argv):
+    """SIGINT once torch's import has begun (``-X importtime`` reports each import as it ends)."""
+    import functools
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    script = str(Path(sys.executable).parent / argv[0])
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    # Ctrl-C's default action even when this test runs in a background job (which starts with SIGINT ignored)
+    default_sigint = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    proc = subprocess.Popen(
+        [script, *argv[1:]], stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, preexec_fn=default_sigint
+    )
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if re.search(r"\|\s+torch\b", line):  # the first of torch's modules loaded: torch is importing
+            proc.send_signal(signal.SIGINT)
+            break
+    lines += proc.stderr.readlines()
+    assert proc.wait(timeout=120) == 130
+    said = [line for line in lines if not line.startswith("import time:") and line.strip()]
+    assert said == [f"{argv[0]}: interrupted (Ctrl-C)\n"], "".join(said)[-2000:]

@@ -10,8 +10,9 @@ the library; no library module imports this package. ``cli/args.py`` holds the f
 Exit status, the same for every command: 0 done; 1 the work failed (a damaged checkpoint, a non-finite loss,
 run.dir in use by another trainer: ``errors.RunFailed``); 2 bad input, nothing done (a flag, config key,
 recipe, data source, tokenizer or model folder: ``errors.InputError``; argparse's own usage errors are 2 too);
-75 preempted with a checkpoint saved (the Slurm script requeues on it); 130 ``ladder-data prepare`` interrupted by
-Ctrl-C (its partial files removed). Errors print as ``PROG: error: ...``.
+75 preempted with a checkpoint saved (the Slurm script requeues on it); 130 interrupted by Ctrl-C at any moment, while
+the imports load too (``ladder-data prepare`` removes its partial files first). Errors print as ``PROG: error: ...``,
+an interruption as ``PROG: interrupted (Ctrl-C)``.
 An ``OSError`` from the file system (no space, a name too long, a read-only folder, a symlink loop) is one line too,
 naming the path: 1 when space or the device ran out while working, 2 otherwise (a path that cannot be used).
 """
@@ -23,7 +24,16 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from ..errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, InputError, Preempted, RunFailed
+from ..errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REQUEUE,
+    InputError,
+    Preempted,
+    RunFailed,
+)
 
 
 def run_command(prog: str, command: Callable[[list[str]], int | None], argv: list[str] | None = None) -> int:
@@ -43,6 +53,9 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: lis
             raise
         print(f"{prog}: error: {describe_os_error(err)}", file=sys.stderr)
         return EXIT_FAILED if err.errno in OUT_OF_SPACE else EXIT_BAD_INPUT
+    except KeyboardInterrupt:  # the command's heavy imports load in here too: no traceback of them
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 # the file-system errors a user fixes (the path, the space): one line; any other OSError keeps its traceback
@@ -92,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _module_command(prog: str, module: str) -> Callable[[list[str] | None], int]:
     def entry(argv: list[str] | None = None) -> int:
-        return run_command(prog, importlib.import_module(module).run, argv)
+        return run_command(prog, lambda args: importlib.import_module(module).run(args), argv)  # imports in the policy
 
     entry.__doc__ = f"``{prog}``: ``{module}.run`` under the error policy."
     return entry

@@ -16,9 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import EXIT_INTERRUPTED
 from .args import Parser, positive_int
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 
 PREPARE = """Tokenize SOURCE into the token folder OUT_DIR: tokens.bin (every document's ids and the document
 separator, uint16 when the vocabulary fits, else uint32), offsets.bin (where each document starts) and
