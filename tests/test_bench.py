@@ -310,3 +310,16 @@ def test_the_closing_lines_quote_the_module_times_of_the_smallest_batch_they_nam
         in out
     )
     assert "bounded near 1 + c/X = 1.44x" in out  # 1 + mean(0.21, 0.66) / 1.0
+
+
+def test_a_long_model_name_keeps_its_own_column(capsys):
+    from ladder_train.bench.results import print_table
+
+    row = dict(model="runs/ds2/checkpoints/step-6", layout="desync-2", batch=1, prefill_ms=1.0)
+    rows = [row | dict(decode_ms_per_token=1.0, tokens_per_s=1.0)]
+    env = dict(emulated_link_latency_ms=0, link="nccl", device="cpu", tp=2, backend="gloo", dtype="float32", torch="x")
+    print_table(rows, env | {"compiled": False})
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("model"))
+    assert lines[head + 2].split()[:3] == ["runs/ds2/checkpoints/step-6", "desync-2", "1"]
+    assert lines[head].index("layout") == lines[head + 2].index("desync-2")  # the columns line up

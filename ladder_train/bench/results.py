@@ -119,8 +119,11 @@ def print_table(rows: list[dict], env: dict):
             else ""
         )
     )
+    # the model and layout columns as wide as their longest entry, two spaces apart: a checkpoint path is not cut
+    model_w = max([12, *(len(str(r["model"])) for r in rows)]) + 2
+    layout_w = max([8, *(len(str(r["layout"])) for r in rows)]) + 2
     head = (
-        f"{'model':<14}{'layout':<10}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'ARs/step':>9}{'tok/s':>10}"
+        f"{'model':<{model_w}}{'layout':<{layout_w}}{'batch':>6}{'prefill ms':>12}{'decode ms/tok':>15}{'ARs/step':>9}{'tok/s':>10}"
         f"{'speedup':>9}{'decode':>8}{'no-comm ms/tok':>16}{'ceiling':>9}{'comm share':>12}{'overlap eff':>13}"
     )
     print(head + "\n" + "-" * len(head))
@@ -131,7 +134,7 @@ def print_table(rows: list[dict], env: dict):
     for r in rows:
         none = r.get("none", {})
         print(
-            f"{r['model'][-14:]:<14}{r['layout']:<10}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms_per_token']:>15.3f}"
+            f"{r['model']:<{model_w}}{r['layout']:<{layout_w}}{r['batch']:>6}{r['prefill_ms']:>12.2f}{r['decode_ms_per_token']:>15.3f}"
             f"{fmt(r.get('all_reduces_per_decode_step'), 'd', 9)}{r['tokens_per_s']:>10.1f}"
             f"{fmt(r.get('speedup_vs_standard'), '.2f', 8)}x"
             f"{fmt(r.get('decode_speedup_vs_standard'), '.2f', 7)}x"
