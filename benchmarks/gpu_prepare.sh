@@ -11,17 +11,20 @@
 #                        (~4.8M tokens); kept when it is complete and made with this tokenizer, else made again
 #   .gpu/whl/            wheels of the pure-Python packages a bare GPU machine lacks (it has torch, triton,
 #                        tokenizers, numpy, pyarrow, transformers; not omegaconf, datasets, dill, multiprocess,
-#                        torchdata), at the versions of this machine's environment; pip installs them into
-#                        .gpu/site/ there (gpu_lease.sh first thing; gpu_check.py when its imports need them)
+#                        torchdata), at the versions of this machine's environment, and the peers' of gpu_check
+#                        --peers (benchmarks/peers.py), pinned: torchtitan 0.2.2 (the newest whose imports torch
+#                        2.11 has), tyro, docstring-parser, typeguard (tyro's); pip installs them into .gpu/site/
+#                        there (gpu_lease.sh first thing; gpu_check.py when its imports need them)
 #   .gpu/commit          this checkout's commit and whether tracked files differ from it, for the rows' record
 # Then copy the checkout with .gpu/ to the GPU machine and, from its root: `python -m benchmarks.gpu_check --out DIR`.
 # Knobs (environment): PY (.venv/bin/python), SHARED (../shared), PYVER (3.12: the GPU machine's Python),
-# WHEELS (the packages to fetch as wheels).
+# WHEELS (the packages to fetch as wheels: NAME at this environment's version, NAME==VERSION pinned).
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 SHARED=${SHARED:-../shared}
 PYVER=${PYVER:-3.12}
-WHEELS=${WHEELS:-omegaconf datasets dill multiprocess torchdata}
+WHEELS=${WHEELS:-omegaconf datasets dill multiprocess torchdata \
+  torchtitan==0.2.2 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1}
 G=.gpu
 
 [ -f pyproject.toml ] && [ -f benchmarks/gpu_check.py ] || { echo "gpu_prepare: run from the project's root" >&2; exit 2; }
@@ -67,13 +70,16 @@ mkdir -p "$G/fineweb"
 for f in "$SHARED"/data/fineweb/*.parquet; do cmp -s "$f" "$G/fineweb/$(basename "$f")" || cp "$f" "$G/fineweb/"; done
 rm -rf "$G/eval" && cp -r "$SHARED/eval" "$G/eval"
 
-# one wheel per package at this environment's version; a wheel already there is kept, other versions removed (all
-# of them when they were fetched for another Python)
+# one wheel per package at this environment's version (or the pinned one); a wheel already there is kept, other
+# versions removed (all of them when they were fetched for another Python)
 [ "$(cat "$G/whl/.python" 2>/dev/null)" = "$PYVER" ] || rm -f "$G"/whl/*.whl
 echo "$PYVER" > "$G/whl/.python"
 for p in $WHEELS; do
-  v=$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$p") \
-    || { echo "gpu_prepare: $p is not installed in $PY's environment" >&2; exit 1; }
+  case "$p" in
+    *==*) v=${p#*==}; p=${p%%==*} ;;
+    *) v=$("$PY" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$p") \
+         || { echo "gpu_prepare: $p is not installed in $PY's environment" >&2; exit 1; } ;;
+  esac
   stem=$(echo "$p" | tr '-' '_')
   for old in "$G"/whl/"$stem"-*.whl; do
     case "$old" in "$G/whl/$stem-$v-"*|*'*'*) ;; *) rm -f "$old" ;; esac
