@@ -35,12 +35,15 @@ In this order:
   decode step's matrix-vector products to tuned Triton reductions); row: TPOT (the median decode step) and the
   weights' read bandwidth, parameters (``count_params``) x 2 bytes (bf16) / TPOT. Last: its compile time grows
   with the layers.
+- ``--peers``, before decode: torchtitan training the standard recipe's shape and our model in a bare loop at each
+  ``--micro``, transformers decoding our export of the decode part's model (``benchmarks/peers.py``); their rows
+  carry ours / theirs from this invocation's rows.
 
-Rows (``kind`` ceilings / train / profile / big / decode, each with ``env``: card, driver, GPU memory, torch, CUDA,
-date and start in UTC, git commit, the command) are appended to ``--out``/gpu.jsonl, the parts' logs kept in
-``--out``/logs/INVOCATION/; a table is printed at the end. When an outer limit stops the tool (SIGTERM, as
-``timeout`` sends), the rows of the parts that ran to their end are still written (exit 130). Exit 1 when a part
-failed (its row says why), 2 when the machine lacks something.
+Rows (``kind`` ceilings / train / profile / big / decode / peer_train / bare_loop / peer_decode, each with ``env``:
+card, driver, GPU memory, torch, CUDA, date and start in UTC, git commit, the command) are appended to
+``--out``/gpu.jsonl, the parts' logs kept in ``--out``/logs/INVOCATION/; a table is printed at the end. When an
+outer limit stops the tool (SIGTERM, as ``timeout`` sends), the rows of the parts that ran to their end are still
+written (exit 130). Exit 1 when a part failed (its row says why), 2 when the machine lacks something.
 
 What the parts took on one H100 80GB (2026-11-27, docs/results/gpu/logs_2026-11-27/): plans 12-16 s together; a
 compiled 1.2B training run of 14 steps 37-45 s at micro-batch 2, 30-33 s at 4, 29-35 s (12 steps) at 8; the
@@ -78,6 +81,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from benchmarks import peers
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_DIR = REPO / ".gpu"
@@ -626,6 +631,7 @@ def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
         part = plan.training("big-ladder-mb1", "big", "recipes/ladder_3b.yaml", 1, steps, mode.big)
         part.info["layout"] = "ladder"
         measured.append(part)
+    measured += peers.parts(plan, Part) if args.peers else []
     for tuning in args.gemv_tuning if args.decode_layers else ():  # --decode-layers 0: no decode part
         name = "decode" if tuning == "on" else f"decode-gemv-{tuning}"
         bench_out = plan.work / f"{name}.jsonl"
@@ -766,6 +772,8 @@ def table(rows: list[dict], env: dict) -> str:
                 f"decode   {r['layout']:<9} {r['batch']:>3}  TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers{tuned}, "
                 f"{r['weight_bytes'] / 1e6:,.1f} MB of weights): {r['bandwidth_gb_s']:,.1f} GB/s"
             )
+        elif r["kind"] in peers.KINDS:
+            lines.append(peers.table_line(r))
     return "\n".join(lines)
 
 
@@ -833,6 +841,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="each training run again with these overrides, right after it (repeatable: one run per variant)",
     )
     p.add_argument("--big", action="store_true", help="the 3.5B ladder's peak memory at micro-batch 1")
+    p.add_argument("--peers", action="store_true", help="torchtitan, transformers and a bare loop beside our rows")
     p.add_argument("--tiny", action="store_true", help="every part on the CPU with a tiny model (a check of this tool)")
     p.add_argument("--tokens", default=None, help="the token folder (default .gpu/tokens; --tiny: FineWeb text)")
     p.add_argument("--tokenizer", default=None, help="its tokenizer (default .gpu/tokenizer.json; --tiny: byte)")
@@ -901,8 +910,11 @@ def collect(plan: Plan, measured: list[Part], plans: dict[str, Part], on_gpu: bo
             found = read_jsonl(part.info["out"]) or [{"kind": "ceilings"}]
             error = failure(part) or (None if "copy_tb_s_median" in found[0] else "no row from gpu_ceilings")
             rows.append({**found[0], "error": error, "command": shlex.join(["python", *part.argv[1:]]), **part.outcome})
+        elif part.kind in peers.KINDS:
+            rows += peers.rows(part, failure(part))
         else:
             rows += decode_rows(part)
+    peers.add_ratios(rows)
     return rows
 
 

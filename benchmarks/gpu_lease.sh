@@ -5,7 +5,9 @@
 #                                                # 8 (loss_ab, at most LOSS_S); gpu_check: ceilings, standard at
 #                                                # micro-batches 2 and 8 in FSDP units of 1 and of 4 side by side
 #                                                # (+ micro-batch 2 profiled), whole-1.2B decode with GEMV tuning on
-#                                                # and off (~8.5 min by the H200's part times of 2026-11-28)
+#                                                # and off (~8.5 min by the H200's part times of 2026-11-28), and
+#                                                # the peers (--peers: torchtitan and the bare loop at micro-batches
+#                                                # 2 and 8, transformers' decode; not yet timed on a card)
 #   OUT=DIR bash benchmarks/gpu_lease.sh study   # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                # many as start within STUDY_S (~5 min with the defaults)
 # Each writes at most 7 files under OUT (the device tool brings back 8). Knobs: LOSS_S (60) and CHECK_S (gpu_check's
@@ -32,9 +34,9 @@ case "$PART" in
   check)
     nvidia-smi > "$OUT/nvidia_smi.txt" 2>&1 || echo "no nvidia-smi here" > "$OUT/nvidia_smi.txt"
     if [ -n "${TINY:-}" ]; then
-      read -r -a ARGS <<< "${CHECK:---tiny --layouts standard --profile --keep-trace --decode-layers 2}"
+      read -r -a ARGS <<< "${CHECK:---tiny --layouts standard --profile --keep-trace --decode-layers 2 --peers}"
     else
-      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.blocks_per_fsdp_unit=4 --profile --keep-trace --decode-layers 40}"
+      read -r -a ARGS <<< "${CHECK:---layouts standard --micro 2,8 --steps 14 --variant parallel.blocks_per_fsdp_unit=4 --profile --keep-trace --decode-layers 40 --peers}"
     fi
     if [ -n "${TINY:-}" ]; then
       LOSS=(--tokens 512 --dim 8 --vocab 4096 --rounds 1 --calls 2)
