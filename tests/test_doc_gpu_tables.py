@@ -109,3 +109,27 @@ def test_decode_share_of_the_copy_rate_and_profile(tmp_path):
     assert "| 1.2B | standard | on | 40 | 1 | 512 + 256 | 2.000 ± 0.010 | 2,400 | 1,200 | 40 % of 3,000 |" in text
     assert "a 1 GiB device-to-device copy" in text and "796 TFLOP/s (median of 30)" in text
     assert "| standard | 8 | 3 | 88.3 % | 638 | 4,895 | 454 | 1,468 | 8,633 |" in gpu.profiled(name)(tmp_path)
+
+
+def test_peers_beside_ours(tmp_path):
+    figures = {"tokens_per_s_median": 25000.0, "tokens_per_s_min": 24000.0, "tokens_per_s_max": 25500.0}
+    titan = {"kind": "peer_train", "micro_batch": 2, "peer_version": "0.2.2", "precision": "autocast", **figures}
+    titan.update(mfu_median=0.2213, ours_tokens_per_s=30000.0, ours_over_theirs=1.2, error=None, env=ENV)
+    bare = {"kind": "bare_loop", "micro_batch": 8, "accumulate": "unsharded", **figures, "mfu_median": None}
+    bare.update(ours_tokens_per_s=24000.0, trainer_over_bare=0.96, error=None, env=ENV)
+    decode = {"kind": "peer_decode", "peer_version": "5.17.0", "compiled": True, "tpot_ms": 2.4, "n_layers": 40}
+    decode.update(prompt_len=512, gen_len=256, ours_tpot_ms=1.8, ours_gemv_tuning=False, ours_over_theirs=0.75)
+    failed = {**titan, "micro_batch": 8, "error": "TIMED OUT"}
+    text = gpu.peers(write(tmp_path, [titan, bare, {**decode, "error": None, "env": ENV}, failed]))(tmp_path)
+    lines = text.splitlines()
+    assert lines[2] == (
+        "| training | torchtitan 0.2.2 (autocast) | 2 | 25,000 (24,000–25,500) tokens/s | 22.1 % | 30,000 | 1.200 |"
+    )
+    assert lines[3] == (
+        "| training | our model, bare loop (unsharded) | 8 | 25,000 (24,000–25,500) tokens/s | - | 24,000 | 0.960 |"
+    )
+    assert lines[4] == (
+        "| decode | transformers 5.17.0 (static cache, compiled) | batch 1 | TPOT 2.400 ms (40 layers, 512 + 256) | - "
+        "| TPOT 1.800 ms, GEMV untuned | 0.750 |"
+    )
+    assert len([x for x in lines if x.startswith("| ")]) == 5  # header + 3 rows: the timed-out part is not a row

@@ -153,6 +153,49 @@ def decoding(path: str) -> Callable[[Path], str]:
     return _table(path, ("decode",), header, _decode_line, _decode_note)
 
 
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _peer_line(r: dict, _) -> list[str]:
+    """A row of gpu_check --peers (benchmarks/peers.py): the peer's figure, our MFU formula on it, ours beside."""
+    if r["kind"] == "peer_decode":
+        how = "compiled" if r["compiled"] else "eager"
+        tuning = {True: ", GEMV tuned", False: ", GEMV untuned"}.get(r.get("ours_gemv_tuning"), "")
+        ours = "-" if r.get("ours_tpot_ms") is None else f"TPOT {r['ours_tpot_ms']:.3f} ms{tuning}"
+        return [
+            "decode",
+            f"transformers {r['peer_version']} (static cache, {how})",
+            "batch 1",
+            f"TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers, {r['prompt_len']} + {r['gen_len']})",
+            "-",
+            ours,
+            _ratio(r.get("ours_over_theirs")),
+        ]
+    share = "-" if r.get("mfu_median") is None else f"{100 * r['mfu_median']:.1f} %"
+    ours = "-" if r.get("ours_tokens_per_s") is None else f"{r['ours_tokens_per_s']:,.0f}"
+    if r["kind"] == "peer_train":
+        part, peer, ratio = "training", f"torchtitan {r['peer_version']} ({r['precision']})", r.get("ours_over_theirs")
+    else:
+        part, peer, ratio = "training", f"our model, bare loop ({r['accumulate']})", r.get("trainer_over_bare")
+    return [part, peer, str(r["micro_batch"]), _tokens(r) + " tokens/s", share, ours, _ratio(ratio)]
+
+
+def peers(path: str) -> Callable[[Path], str]:
+    """Rows of ``gpu_check --peers``: torchtitan and the bare loop beside our training rows, transformers beside our
+    decode, ours / theirs from the same invocation. Registered in TABLES with the first card's committed rows."""
+    header = ["part", "theirs", "micro-batch", "their figure", "MFU (our formula)", "ours", "ours / theirs"]
+    note = (
+        "One run per row, all from one gpu_check invocation. Training: 1.2B standard, seq 2048, global batch 16, "
+        "compiled, bf16, tokens/s median over the steps after compilation (range in brackets); theirs in brackets: "
+        "FSDP2 or autocast, as its log said; torchtitan's Llama has an untied head (+ vocab x dim parameters, the "
+        "same FLOPs per token); ours = our trainer's tokens/s at that micro-batch, over the bare loop's: the "
+        "trainer's own cost. Decode: our export of the same model (random weights) in LlamaForCausalLM, batch 1, "
+        "greedy, TPOT = (generate of N tokens - of 1) / (N - 1); ours / theirs below 1: ours is faster. "
+    )
+    return _table(path, ("peer_train", "bare_loop", "peer_decode"), header, _peer_line, lambda _: note)
+
+
 TABLES: dict[str, Callable[[Path], str]] = {
     "gpu-train": training(H100_2026_11_27),
     "gpu-profile": profiled(H100_2026_11_27),
