@@ -9,7 +9,9 @@ memory per layout and micro-batch against the ``--dry-run`` plan, a profiled ste
 
 Each part is a subprocess in its own process group with a time limit; the group is killed when the part ends, stops
 early or runs out of time, so no process outlives it (Ctrl-C / SIGTERM stop the running parts the same way).
-Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end.
+Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end. Before any part runs, every
+training run's config (its recipe with ``--set`` and its ``--variant``) is loaded as the trainer would load it: a key
+or value the trainer would refuse is one line, ``gpu_check: error: ...``, exit 2, nothing run.
 
 In this order:
 - plans: ``ladder-train ... --dry-run --simulate 1x1`` of every training run; its memory "total" (GiB) with sharded
@@ -892,6 +894,21 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     return [f"data.source={tokens.resolve()}", f"data.tokenizer={tokenizer.resolve()}"]
 
 
+def refused_setting(plan: Plan) -> str | None:
+    """The first training run whose config the trainer would refuse (a ``--variant`` or ``--set`` key or value), as
+    its one line, or None: checked here by ladder_train.config before any part runs, not as FAILED rows later."""
+    from ladder_train.config import load_config
+    from ladder_train.errors import ConfigError
+
+    for part in build_parts(plan)[1]:
+        if part.argv[1:3] == ["-m", "ladder_train.train"]:
+            try:
+                load_config(REPO / part.argv[4], part.argv[5:])
+            except ConfigError as err:
+                return str(err)
+    return None
+
+
 def work_folder(tiny: bool) -> Path:
     """Run folders: /dev/shm when it has room (a stopped 1.2B run may have begun its save), else the temp dir."""
     shm = Path("/dev/shm")
@@ -934,6 +951,10 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             raise SystemExit("gpu_check: no CUDA device here; --tiny runs the same parts on the CPU")
     data = data_overrides(args)
+    refused = refused_setting(Plan(mode, Path("work"), Path("logs"), data, args))
+    if refused:
+        print(f"gpu_check: error: {refused}", file=sys.stderr)
+        return 2
     invocation = f"{started:%Y%m%dT%H%M%S}-{os.getpid()}"
     logs = args.out / "logs" / invocation
     logs.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int
+from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int, refuse
 from ladder_train.model import TokenLoss
 from ladder_train.report.doc_bench_tables import LOSS_VARIANTS, loss_ratios
 
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the loss runs")
     parser.add_argument("--out", default=None, help="JSON lines file the rows are appended to")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        refuse("benchmarks.loss_ab", "--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)  # before the rows' host record, which reports it
     context = invocation("benchmarks.loss_ab", argv)
     context.update(bench="loss_ab", tokens=args.tokens, dim=args.dim, vocab=args.vocab, calls=args.calls)

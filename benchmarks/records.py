@@ -17,6 +17,7 @@ import platform
 import shlex
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -79,6 +80,12 @@ def append_rows(path: str | Path | None, rows: list[dict]) -> None:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     print(f"appended {len(rows)} rows to {path}")
+
+
+def refuse(prog: str, message: str) -> NoReturn:
+    """Bad input, before any work: one line ``PROG: error: ...`` and exit 2, as the console scripts do."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def positive_int(text: str) -> int:

@@ -26,7 +26,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int
+from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int, refuse
 from benchmarks.train_step import make_batches, settings
 from ladder_train.config import load_config
 from ladder_train.errors import ConfigError
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         configs = {name: load_config(None, HOST_BOUND + args.overrides + extra) for name, extra in variants.items()}
     except ConfigError as err:
-        raise SystemExit(f"benchmarks.train_ab: {err}") from None
+        refuse("benchmarks.train_ab", str(err))
     torch.set_num_threads(args.threads)  # before the rows' host record, which reports it
     context = invocation("benchmarks.train_ab", argv)
     env = init_distributed()

@@ -102,3 +102,25 @@ def test_the_unigram_floor_of_the_study_is_reproduced_from_its_data(tmp_path, mo
     assert made["val_tokens"] == 80 * 16 * 512 and made["train_tokens"] == committed["train_tokens"]
     assert made["nats_per_byte"] == pytest.approx(committed["nats_per_byte"], abs=1e-9)
     assert 3.0 < made["nats_per_byte"] < math.log(257)  # better than uniform over the 257 tokens
+
+
+def test_train_ab_refuses_a_bad_variant_in_one_error_line(capsys):
+    from benchmarks import train_ab
+
+    with pytest.raises(SystemExit) as exited:
+        train_ab.main(["--a", "bogus=1", "--b", "x=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("benchmarks.train_ab: error: ") and "unknown key 'bogus'" in err[0], err
+
+
+def test_loss_ab_on_cuda_without_cuda_is_one_line(monkeypatch, capsys):
+    import torch
+
+    from benchmarks import loss_ab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exited:
+        loss_ab.main(["--device", "cuda", "--rounds", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2 and err == ["benchmarks.loss_ab: error: --device cuda: no CUDA device here"], err

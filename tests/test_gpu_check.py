@@ -400,3 +400,22 @@ def _cmdline(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return ""
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--variant", "bogus.key=1"], "override 'bogus.key=1': unknown key 'bogus'"),
+        (["--set", "parallel.accumulate=bogus"], "bogus"),
+    ],
+)
+def test_a_bad_variant_or_setting_is_refused_before_any_part_runs(tmp_path, monkeypatch, capsys, flags, named):
+    def no_part(*args, **kwargs):
+        raise AssertionError("a part ran")
+
+    monkeypatch.setattr(check, "run_parts", no_part)
+    monkeypatch.setattr(check, "work_folder", no_part)
+    assert check.main(["--tiny", "--out", str(tmp_path / "R"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gpu_check: error: ") and named in err[0], err
+    assert not (tmp_path / "R").exists()  # no logs folder, no rows
