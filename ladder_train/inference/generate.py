@@ -107,6 +107,7 @@ class Generator:
         self.device = model.tok_embeddings.weight.device
         self._prefill, self._decode = self._prefill_eager, self._decode_eager
         if compile:
+            model.fuse_projections()  # fewer kernels a decode step: one product for Q, K, V and one for gate, up
             inductor = backend == "inductor"
             settings = dict(fullgraph=True, dynamic=False, backend=backend)
             self._prefill = torch.compile(

@@ -42,6 +42,20 @@ class Communicator:
 NO_COMM = Communicator()
 
 
+def join_rows(module: nn.Module, name: str, linears: tuple[nn.Linear, ...]) -> list[int]:
+    """One weight for several bias-free linears that read the same input, so that one matrix product computes all
+    their outputs: a non-persistent buffer ``name`` of ``module`` holding their rows in order, each linear's weight
+    rebound as a view of its rows (names, state_dict and the values unchanged, no second copy). Returns each one's
+    row count, to split the product's output. For inference: training's autograd would see views of a buffer."""
+    rows = [linear.weight.shape[0] for linear in linears]
+    with torch.no_grad():
+        joined = torch.cat([linear.weight for linear in linears])
+    module.register_buffer(name, joined, persistent=False)
+    for linear, part in zip(linears, joined.split(rows), strict=True):
+        linear.weight = nn.Parameter(part, requires_grad=False)
+    return rows
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in fp32 and cast back, as Hugging Face Llama does (so exports give the same logits)."""
 
@@ -72,10 +86,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
+        self.qkv_rows: list[int] | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        """Q, K and V from one matrix product (join_rows): a decode step launches one kernel for them, not three."""
+        self.qkv_rows = join_rows(self, "wqkv", (self.wq, self.wk, self.wv))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | torch.Tensor = 0):
         """``x``: (B, T, D); the output projection's (partial) sum (B, T, D)."""
-        return self.wo(self.attend(self.wq(x), self.wk(x), self.wv(x), cos, sin, start_pos))
+        if self.qkv_rows is None:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        else:
+            q, k, v = F.linear(x, self.wqkv).split(self.qkv_rows, dim=-1)
+        return self.wo(self.attend(q, k, v, cos, sin, start_pos))
 
     def attend(self, q, k, v, cos, sin, start_pos: int | torch.Tensor = 0) -> torch.Tensor:
         """The attention of projected queries, keys and values (B, T, heads x head_dim each, k and v over the KV
@@ -114,7 +137,16 @@ class MLP(nn.Module):
         self.w_gate = nn.Linear(args.dim, args.ffn_dim, bias=False)
         self.w_up = nn.Linear(args.dim, args.ffn_dim, bias=False)
         self.w_down = nn.Linear(args.ffn_dim, args.dim, bias=False)
+        self.gate_up_rows: list[int] | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        """Gate and up from one matrix product (join_rows): one kernel for them, not two."""
+        self.gate_up_rows = join_rows(self, "w_gate_up", (self.w_gate, self.w_up))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: (B, T, D); the down projection's (partial) sum (B, T, D)."""
-        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+        if self.gate_up_rows is None:
+            gate, up = self.w_gate(x), self.w_up(x)
+        else:
+            gate, up = F.linear(x, self.w_gate_up).split(self.gate_up_rows, dim=-1)
+        return self.w_down(F.silu(gate) * up)

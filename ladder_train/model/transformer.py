@@ -226,6 +226,14 @@ class Transformer(nn.Module):
             return self.loss(h, head, labels)
         return F.linear(h, head).float()  # fp32 logits: a loss is computed on upcast values
 
+    @torch.no_grad()
+    def fuse_projections(self):
+        """For inference: every layer's Q, K and V, and its gate and up, each from one matrix product (the modules'
+        fuse_projections), once the weights are loaded and placed; the parameters stay, as views."""
+        for layer in self.layers:
+            layer.attention.fuse_projections()
+            layer.mlp.fuse_projections()
+
     def setup_kv_cache(self, batch: int, max_len: int, dtype=None, device=None):
         """Give every attention layer a static cache; ``forward(ids, start_pos)`` then decodes incrementally."""
         dtype = dtype or self.tok_embeddings.weight.dtype
