@@ -1,8 +1,11 @@
-"""The runs side by side: the Table-3-style comparison and the loss and learning-rate plots."""
+"""The runs side by side: the Table-3-style comparison and the loss and learning-rate plots; a markdown table, and
+the cell of a figure measured several times (its median with the lowest and highest)."""
 
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Iterable
 from pathlib import Path
 
 from ..plots import new_figure, save_figure, series_colour
@@ -66,6 +69,14 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def spread(values: Iterable[float], spec: str, suffix: str = "") -> str:
+    """``median (lowest–highest)`` of the values; the median alone where they all print the same."""
+    values = list(values)
+    middle = format(statistics.median(values), spec) + suffix
+    low, high = format(min(values), spec), format(max(values), spec)
+    return middle if low == high else f"{middle} ({low}–{high}{suffix})"
 
 
 def _legend_label(group: Group) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .doc_bench_tables import spread
+from .tables import spread
 
 LAYOUT_ORDER = {"standard": 0, "parallel": 1, "ladder": 2}
 
