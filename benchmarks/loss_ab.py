@@ -26,9 +26,15 @@ import time
 
 import torch
 
-from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int, refuse
+from benchmarks.records import BenchmarkError, append_rows, invocation, pair_ratios, positive_int, refuse
 from ladder_train.model import TokenLoss
-from ladder_train.report.doc_bench_tables import LOSS_VARIANTS, loss_ratios
+
+LOSS_VARIANTS = ("eager", "compiled")
+
+
+def loss_ratios(rows: list[dict], field: str = "seconds_per_call") -> list[float]:
+    """This benchmark's rows: eager's ``field`` over the compiled loss's within each pair."""
+    return pair_ratios(rows, field, over="eager", under="compiled")
 
 
 def inputs(tokens: int, dim: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:

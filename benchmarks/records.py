@@ -3,8 +3,7 @@
 A row is one measured quantity of one repeat: the figures and their raw inputs (tokens and seconds, per-step
 walls), the invocation it came from (``invocation``: one id per command, ``command``: the command line, ``date`` and
 ``started`` in UTC), the machine (``host``: CPU model, cores, threads, library versions) and the settings. The docs'
-tables are remade from such files by ``python -m ladder_train.report.docs_tables --write``
-(``ladder_train/report/doc_bench_tables.py``).
+tables are remade from such files by ``python -m tools.docs_tables --write`` (``tools/docs_tables/bench_tables.py``).
 """
 
 from __future__ import annotations
@@ -93,3 +92,10 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(text)
     return value
+
+
+def pair_ratios(rows: list[dict], field: str = "tokens_per_s", over: str = "b", under: str = "a") -> list[float]:
+    """Rows of alternating pairs of rounds (train_ab.py, loss_ab.py): variant ``over``'s ``field`` over variant
+    ``under``'s within each pair (an invocation's round)."""
+    per = {(r["invocation"], r["round"], r["variant"]): r[field] for r in rows}
+    return [per[i, p, over] / per[i, p, under] for (i, p, v) in per if v == under]

@@ -26,12 +26,11 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int, refuse
+from benchmarks.records import BenchmarkError, append_rows, invocation, pair_ratios, positive_int, refuse
 from benchmarks.train_step import make_batches, settings
 from ladder_train.config import load_config
 from ladder_train.errors import ConfigError
 from ladder_train.parallel import init_distributed
-from ladder_train.report.doc_bench_tables import pair_ratios
 from ladder_train.train.trainer import Trainer
 
 # fp32: one process then trains without FSDP, whose hooks the host code of the blocks does not include; in bf16 this
