@@ -31,8 +31,8 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests
 
 lint: install
-	$(VENV)/bin/ruff check ladder_train tests benchmarks
-	$(VENV)/bin/ruff format --check ladder_train tests benchmarks
+	$(VENV)/bin/ruff check ladder_train tests benchmarks tools
+	$(VENV)/bin/ruff format --check ladder_train tests benchmarks tools
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -14,7 +14,7 @@ parameters, made before, are not in them). Figures per row:
   compute the same function.
 
 Memory does not depend on the machine's load; the recompute time is not measured. Rows go to ``--out`` as JSON lines;
-``python -m ladder_train.report.docs_tables --write`` then remakes docs/benchmarks.md's table from the default file.
+``python -m tools.docs_tables --write`` then remakes docs/benchmarks.md's table from the default file.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ paper`` fits it), written to a YAML file and read as ``ladder-predict --profile 
 shipped h100); then the 16 cells of the paper's table predicted by that profile as it is, as ``ladder-predict paper``
 predicts them (``paper_check.predict_cells``), each cell's error (predicted / paper - 1) and the mean absolute error
 over the 12 cells other than standard's P2P-disabled tokens/s (``TWELVE``). The first row is the shipped profile
-unchanged. ``--out`` is overwritten with one JSON line per profile; ``python -m ladder_train.report.docs_tables
---write`` then remakes the doc's table from it (``ladder_train/report/doc_predict_tables.py``). Takes ~10 s.
+unchanged. ``--out`` is overwritten with one JSON line per profile; ``python -m tools.docs_tables --write`` then
+remakes the doc's table from it (``tools/docs_tables/predict_tables.py``). Takes ~10 s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The benchmarks' raw data and the docs' tables made from it: each benchmark, run with tiny settings, appends the
 rows its table needs (command, host, settings, every repeat's samples), checks it did the work it timed, and the
-table function registered in docs_tables renders the medians and ranges of those rows."""
+table the docs_tables tool's manifest names renders the medians and ranges of those rows."""
 
 from __future__ import annotations
 
@@ -18,11 +18,20 @@ from benchmarks.checkpoint_stall import expected_saves
 from benchmarks.data_loader import check_delivered
 from benchmarks.records import BenchmarkError
 from benchmarks.train_step import check_optimizer_steps
-from ladder_train.report import doc_bench_tables as bench_tables
-from ladder_train.report import doc_tp_tables as tp_tables
-from ladder_train.report.docs_tables import TABLES, remake, stale_tables
+from tools.docs_tables import MANIFEST, TABLES, bench_tables, remake, stale_tables, tp_tables
 
 REPO = Path(__file__).resolve().parents[1]
+# the data files of the tables these tests make, as the manifest names them
+TRAINER_OVERHEAD = MANIFEST["trainer-overhead"].rows
+DATA_PIPELINE = MANIFEST["data-pipeline"].rows
+CHECKPOINT = MANIFEST["checkpoint-stall"].rows
+FSDP_UNITS = MANIFEST["fsdp-units"].rows
+COMPILED_LOSS = MANIFEST["compiled-loss"].rows
+TP_GENERATION = MANIFEST["tp-generation"].rows
+LINK_SWEEP = MANIFEST["tp-link-sweep"].rows
+OVERLAP_CHECKS = MANIFEST["tp-overlap-checks"].rows
+TP_COMPILED = MANIFEST["tp-compiled"].rows
+PREDICT_CPU = MANIFEST["predict-cpu"].data["folders"]
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 TINY = [
     "model.vocab_size=64",
@@ -157,7 +166,7 @@ def _overhead_rows() -> list[dict]:
 
 
 def test_a_marked_table_is_made_from_its_rows_and_an_edited_number_is_caught(tmp_path):
-    place(tmp_path, bench_tables.TRAINER_OVERHEAD, _overhead_rows())
+    place(tmp_path, TRAINER_OVERHEAD, _overhead_rows())
     doc = "docs/benchmarks.md"
     (tmp_path / "docs" / "benchmarks.md").write_text(
         "<!-- table trainer-overhead: python -m benchmarks.train_step --out ... -->\nold\n<!-- end table -->\n"
@@ -188,7 +197,7 @@ def test_data_loader_rows_and_their_table(tmp_path):
                 json.dumps({"text": f"document {part} {i} " + "lorem ipsum " * (i % 7 + 3)}) + "\n" for i in range(60)
             )
         )
-    out = tmp_path / bench_tables.DATA_PIPELINE
+    out = tmp_path / DATA_PIPELINE
     args = ["--source", str(source), "--tokenizer", "byte", "--seq-len", "31", "--batch-size", "2"]
     run_module(tmp_path, "benchmarks.data_loader", [*args, "--workers", "0", "2", "--repeats", "2", "--out", str(out)])
     rows = read(out)
@@ -223,7 +232,7 @@ def test_data_loader_rows_and_their_table(tmp_path):
 
 @pytest.mark.slow
 def test_train_step_rows_and_their_table(tmp_path):
-    out = tmp_path / bench_tables.TRAINER_OVERHEAD
+    out = tmp_path / TRAINER_OVERHEAD
     run_module(
         tmp_path, "benchmarks.train_step", ["--steps", "2", "--rounds", "2", "--repeats", "2", "--out", str(out), *TINY]
     )
@@ -246,7 +255,7 @@ def test_train_step_rows_and_their_table(tmp_path):
 
 @pytest.mark.slow
 def test_checkpoint_rows_and_their_two_tables(tmp_path):
-    out = tmp_path / bench_tables.CHECKPOINT
+    out = tmp_path / CHECKPOINT
     run_module(
         tmp_path,
         "benchmarks.checkpoint_stall",
@@ -341,7 +350,7 @@ def test_ladder_bench_rows_say_which_invocation_wrote_them(tp_rows):
 
 @pytest.mark.slow
 def test_the_tp_generation_table_gives_medians_and_ranges_over_invocations(tmp_path, tp_rows):
-    place(tmp_path, tp_tables.TP_GENERATION, [r for r in tp_rows if r["emulated_link_latency_ms"] == 1])
+    place(tmp_path, TP_GENERATION, [r for r in tp_rows if r["emulated_link_latency_ms"] == 1])
     table = TABLES["tp-generation"](tmp_path)
     ladder = by_layout(tp_rows, 1, "ladder")
     assert table_row(table, "ladder", "1") == [
@@ -364,8 +373,8 @@ def test_the_tp_generation_table_gives_medians_and_ranges_over_invocations(tmp_p
 def test_the_link_sweep_and_overlap_tables(tmp_path, tp_rows):
     from ladder_train.report.link_sweep import module_ms, predicted_decode_ms
 
-    place(tmp_path, tp_tables.LINK_SWEEP, tp_rows)
-    place(tmp_path, tp_tables.OVERLAP_CHECKS, tp_rows)
+    place(tmp_path, LINK_SWEEP, tp_rows)
+    place(tmp_path, OVERLAP_CHECKS, tp_rows)
     sweep = TABLES["tp-link-sweep"](tmp_path)
     standard, ladder = by_layout(tp_rows, 1, "standard"), by_layout(tp_rows, 1, "ladder")
     predicted = [predicted_decode_ms(s, 1) / predicted_decode_ms(r, 1) for s, r in zip(standard, ladder, strict=True)]
@@ -393,7 +402,7 @@ def test_the_compiled_path_table_counts_each_invocations_graphs(tmp_path, tp_row
         {**r, "compiled": True, "compile_backend": "inductor", "compilations": 12 - i // 3}
         for i, r in enumerate(tp_rows[:6])
     ]
-    place(tmp_path, tp_tables.TP_COMPILED, compiled)
+    place(tmp_path, TP_COMPILED, compiled)
     table = TABLES["tp-compiled"](tmp_path)
     assert table_row(table, "1", "ladder") == [
         "1",
@@ -407,7 +416,7 @@ def test_the_compiled_path_table_counts_each_invocations_graphs(tmp_path, tp_row
         "12",
     ]
     assert table_row(table, "2", "standard")[7:] == ["11", "12"]
-    assert f"rows in `{tp_tables.TP_COMPILED}`" in table
+    assert f"rows in `{TP_COMPILED}`" in table
 
 
 @pytest.mark.slow
@@ -421,8 +430,8 @@ def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(
     faster = {**shipped, "attention_overhead_us": shipped["attention_overhead_us"] / 2}  # another calibration
     errors, predicted = [], []
     for i, (profile, rows) in enumerate(((shipped, tp_rows[:3]), (faster, tp_rows[3:6]))):  # the two X = 1 ms runs
-        place(tmp_path, f"{tp_tables.PREDICT_CPU}/run{i}/bench.jsonl", rows)
-        folder = tmp_path / tp_tables.PREDICT_CPU / f"run{i}"
+        place(tmp_path, f"{PREDICT_CPU}/run{i}/bench.jsonl", rows)
+        folder = tmp_path / PREDICT_CPU / f"run{i}"
         (folder / "cpu.yaml").write_text(yaml.safe_dump({"cpu": profile}))
         results, summary = compare_with_bench(
             tp_tables.bench_rows(folder / "bench.jsonl"), load_profiles(folder / "cpu.yaml")["cpu"]
@@ -443,7 +452,7 @@ def test_the_predictor_table_compares_each_validate_folder_with_its_own_profile(
 def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     """Two settings side by side, eager so that nothing is generated: FSDP's two accumulation modes (bf16, one
     process)."""
-    out = tmp_path / bench_tables.FSDP_UNITS
+    out = tmp_path / FSDP_UNITS
     variants = ["--a", "parallel.accumulate=unsharded", "--b", "parallel.accumulate=sharded"]
     args = ["--steps", "4", "--rounds", "2", *variants, "--out", str(out), *TINY, "parallel.compile=false"]
     args.append("train.dtype=bf16")  # FSDP's: one fp32 process would train without it
@@ -479,7 +488,7 @@ def test_loss_ab_rows_their_pairs_and_their_table(tmp_path, capsys):
     loss, the CPU times that make up each round, and the table's cells from them."""
     from benchmarks import loss_ab
 
-    out = tmp_path / bench_tables.COMPILED_LOSS
+    out = tmp_path / COMPILED_LOSS
     loss_ab.main(
         ["--tokens", "512", "--dim", "8", "--vocab", "4096", "--rounds", "2", "--calls", "2", "--out", str(out)]
     )

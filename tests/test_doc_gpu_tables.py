@@ -1,8 +1,9 @@
-"""report/doc_gpu_tables.py: the GPU tables of docs/benchmarks.md from gpu_check's rows, on hand-made rows."""
+"""tools/docs_tables/gpu_tables.py: the GPU tables of docs/benchmarks.md from gpu_check's rows, on hand-made rows."""
 
 import json
 
-from ladder_train.report import doc_gpu_tables as gpu
+from tools.docs_tables import gpu_tables as gpu
+from tools.docs_tables.manifest import read_rows
 
 ENV = {
     "card": "NVIDIA H100 80GB HBM3",
@@ -38,9 +39,10 @@ def train_row(layout, micro, tps, mfu, peak, plan, **extra):
 
 
 def write(tmp_path, rows):
+    """The rows as a builder gets them from the file the manifest names: (its JSON lines, its path)."""
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return "rows.jsonl"
+    return read_rows(path), "rows.jsonl"
 
 
 def test_training_table_rows_and_plan_error(tmp_path):
@@ -50,7 +52,7 @@ def test_training_table_rows_and_plan_error(tmp_path):
         train_row("parallel", 2, 1.0, 0.1, 1.0, 1.0, error="FAILED (exit 1): boom"),  # a failed part is left out
         train_row("standard", 2, 40000.0, 0.354, 30.0, 29.7, variant=["parallel.blocks_per_fsdp_unit=4"]),
     ]
-    text = gpu.training(write(tmp_path, rows))(tmp_path)
+    text = gpu.training(*write(tmp_path, rows))
     lines = text.splitlines()
     assert lines[2] == (
         "| 1.2B | standard | 2 | unsharded | compiled | 6–14 | 33,802 (32,802–34,302) | 29.9 % | 30.00 | 29.70 | -1.0 % |"
@@ -104,11 +106,11 @@ def test_decode_share_of_the_copy_rate_and_profile(tmp_path):
         "error": None,
         "env": ENV,
     }
-    name = write(tmp_path, [decode, ceilings, profile])
-    text = gpu.decoding(name)(tmp_path)
+    written = write(tmp_path, [decode, ceilings, profile])
+    text = gpu.decoding(*written)
     assert "| 1.2B | standard | on | 40 | 1 | 512 + 256 | 2.000 ± 0.010 | 2,400 | 1,200 | 40 % of 3,000 |" in text
     assert "a 1 GiB device-to-device copy" in text and "796 TFLOP/s (median of 30)" in text
-    assert "| standard | 8 | 3 | 88.3 % | 638 | 4,895 | 454 | 1,468 | 8,633 |" in gpu.profiled(name)(tmp_path)
+    assert "| standard | 8 | 3 | 88.3 % | 638 | 4,895 | 454 | 1,468 | 8,633 |" in gpu.profiled(*written)
 
 
 def test_peers_beside_ours(tmp_path):
@@ -120,7 +122,7 @@ def test_peers_beside_ours(tmp_path):
     decode = {"kind": "peer_decode", "peer_version": "5.17.0", "compiled": True, "tpot_ms": 2.4, "n_layers": 40}
     decode.update(prompt_len=512, gen_len=256, ours_tpot_ms=1.8, ours_gemv_tuning=False, ours_over_theirs=0.75)
     failed = {**titan, "micro_batch": 8, "error": "TIMED OUT"}
-    text = gpu.peers(write(tmp_path, [titan, bare, {**decode, "error": None, "env": ENV}, failed]))(tmp_path)
+    text = gpu.peers(*write(tmp_path, [titan, bare, {**decode, "error": None, "env": ENV}, failed]))
     lines = text.splitlines()
     assert lines[2] == (
         "| training | torchtitan 0.2.2 (autocast) | 2 | 25,000 (24,000–25,500) tokens/s | 22.1 % | 30,000 | 1.200 |"

@@ -1,4 +1,4 @@
-"""docs/benchmarks.md's generated tables of ladder-predict's predictions (ladder_train/report/doc_predict_tables.py):
+"""docs/benchmarks.md's generated tables of ladder-predict's predictions (tools/docs_tables/predict_tables.py):
 the renderers on hand-made rows, the doc's blocks equal to what the committed rows give, and the committed rows equal
 to what the predictor gives as the code stands."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from benchmarks import predictor_sensitivity
 from ladder_train.predict.predictions import PredictOptions, prediction_rows
-from ladder_train.report import doc_predict_tables as predict_tables
-from ladder_train.report.docs_tables import TABLES, make_table
+from tools.docs_tables import MANIFEST, TABLES, make_table, predict_tables
 
 ROOT = Path(__file__).resolve().parents[1]
+LLAMA70B_TP8, SENSITIVITY_FILE = (MANIFEST[name].rows for name in ("predict-llama70b-tp8", "predict-sensitivity"))
 NAMES = ("predict-llama70b-tp8", "predict-sensitivity")
 
 
@@ -127,7 +127,7 @@ def test_the_committed_prediction_grid_is_what_the_predictor_gives():
     docs/results/predict/llama70b_tp8.jsonl."""
     options = PredictOptions(models=("llama-70b",), gpus=("h100",), links=("nvlink", "pcie"), tps=(8,))
     ours = prediction_rows(options)
-    theirs = _committed(predict_tables.LLAMA70B_TP8)
+    theirs = _committed(LLAMA70B_TP8)
     assert [(r["link"], r["batch"], r["layout"]) for r in ours] == [
         (r["link"], r["batch"], r["layout"]) for r in theirs
     ]
@@ -140,11 +140,11 @@ def test_the_committed_prediction_grid_is_what_the_predictor_gives():
 
 
 def test_the_committed_sensitivity_rows_are_what_the_benchmark_gives():
-    theirs = _committed(predict_tables.SENSITIVITY)
+    theirs = _committed(SENSITIVITY_FILE)
     ours = predictor_sensitivity.sensitivity_rows()
     assert len(ours) == len(theirs) == 1 + sum(len(values) for _, _, values in predictor_sensitivity.CHANGES)
     for mine, committed in zip(ours, theirs, strict=True):
-        assert committed["command"] == "python -m benchmarks.predictor_sensitivity --out " + predict_tables.SENSITIVITY
+        assert committed["command"] == "python -m benchmarks.predictor_sensitivity --out " + SENSITIVITY_FILE
         assert committed["errors"] == pytest.approx(mine["errors"], rel=1e-9)
         assert committed["mean_abs_error_12"] == pytest.approx(mine["mean_abs_error_12"], rel=1e-9)
         rest = ("assumption", "keys", "shipped", "value", "profile", "prediction")

@@ -47,7 +47,7 @@ def _final_val_losses() -> dict[tuple[str, int], dict[int, float]]:
 
 
 def test_the_paper_gap_tables_pooled_sd_is_the_committed_pairs_weighted_by_degrees_of_freedom():
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     losses = _final_val_losses()
     standard = losses.pop(("standard", 8))
@@ -79,8 +79,9 @@ def test_the_paper_gap_tables_pooled_sd_is_the_committed_pairs_weighted_by_degre
 def test_the_seeds_note_gives_the_timed_runs_wall_time_first_row_to_last_with_resumes_counted(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_SEEDS
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import MANIFEST, make_table
+
+    STUDY_SEEDS = MANIFEST["study-seeds"].data["seeds"]
 
     seeds = tmp_path / STUDY_SEEDS
     seeds.mkdir(parents=True)
@@ -113,7 +114,7 @@ def test_the_seeds_note_gives_the_timed_runs_wall_time_first_row_to_last_with_re
 
 
 def test_the_committed_seeds_wall_time_is_the_one_results_md_quotes():
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     note = make_table("study-seeds", ROOT).split("\n\n")[-1]
     assert "Wall time of the 20 runs whose metrics rows carry clock times (seeds 3-12)" in note

@@ -1,4 +1,4 @@
-"""The docs' tables made from committed data (ladder_train/report/docs_tables.py) equal what that data give, and
+"""The docs' tables made from committed data (tools/docs_tables/) equal what that data give, and
 an edited number is caught."""
 
 from __future__ import annotations
@@ -6,13 +6,33 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ladder_train.report.docs_tables import main, parse_command, remake, stale_tables
+from tools.docs_tables import MANIFEST, main, parse_command, remake, stale_tables
 
 ROOT = Path(__file__).resolve().parents[1]
+STUDY_LR, STUDY_LR_DESYNC = (MANIFEST["study-lr-sweep"].data[key] for key in ("sweep", "desync"))
+STUDY_SEEDS, STUDY_SEEDS_DESYNC = (MANIFEST["study-desync-seeds"].data[key] for key in ("seeds", "desync_seeds"))
+STUDY_HORIZON, STUDY_LADDER_4E3 = (MANIFEST["study-ladder-rate"].data[key] for key in ("horizon", "ladder_4e3"))
+STUDY_SEED_RUNS = MANIFEST["study-seeds"].args["planned_runs"]
+SMOLLM2, SMOLLM2_RETRAINED = (MANIFEST[name].data["folder"] for name in ("smollm2-conversion", "smollm2-retrained"))
 
 
 def test_every_table_made_from_data_equals_what_its_data_give():
     assert stale_tables(ROOT) == []
+
+
+def test_the_manifest_names_every_marked_table_and_a_builder_taking_its_data_and_args():
+    import inspect
+    import re
+
+    from tools.docs_tables import DOCS
+
+    marked = {name for doc in DOCS for name in re.findall(r"<!-- table ([\w-]+): ", (ROOT / doc).read_text())}
+    assert marked == set(MANIFEST)
+    for name, entry in MANIFEST.items():
+        params = list(inspect.signature(entry.function()).parameters)
+        given = ["rows", "path"] if entry.rows is not None else ["root"]
+        keywords = set(entry.args) | (set() if entry.rows is not None else set(entry.data))
+        assert params[: len(given)] == given and set(params[len(given) :]) == keywords, name
 
 
 def _copy_docs(tmp_path: Path) -> Path:
@@ -40,7 +60,7 @@ def test_the_command_takes_write_or_check_and_refuses_anything_else_in_one_line(
     capsys.readouterr()
     assert main(["--check", "--bogus"]) == 2
     err = capsys.readouterr().err
-    assert err == "python -m ladder_train.report.docs_tables: error: unknown argument '--bogus' (see --help)\n"
+    assert err == "python -m tools.docs_tables: error: unknown argument '--bogus' (see --help)\n"
     for argv in ([], ["--write", "--check"], ["--check", "--root"]):  # nothing is written or checked
         assert main(argv) == 2
         assert capsys.readouterr().err.count("\n") == 1
@@ -57,7 +77,7 @@ def test_a_new_run_changes_the_table_it_feeds(tmp_path):
 
 def test_a_run_whose_metrics_change_is_read_again_in_the_same_process(tmp_path):
     """The tables read each run folder once per state of its files: an edited metrics.jsonl feeds the next remake."""
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     root = _copy_docs(tmp_path)
     assert "| parallel | 2.0133 | **1.9739** | 1.9768 | 2.0275 | 2.1708 |" in make_table("study-lr-sweep", root)
@@ -71,8 +91,7 @@ def test_the_study_seeds_table_pairs_each_group_with_standard_by_seed(tmp_path):
     import pytest
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_SEED_RUNS, STUDY_SEEDS
-    from ladder_train.report.docs_tables import MissingData, make_table
+    from tools.docs_tables import MissingData, make_table
 
     with pytest.raises(MissingData, match="table study-seeds: .*study_small/seeds"):
         make_table("study-seeds", tmp_path)
@@ -105,8 +124,7 @@ def test_the_retrained_smollm2_table_reads_its_own_folder(tmp_path):
     copied there give the same figures under the retrained labels; without them the table is missing data."""
     import pytest
 
-    from ladder_train.report.doc_eval_tables import SMOLLM2, SMOLLM2_RETRAINED
-    from ladder_train.report.docs_tables import MissingData, make_table
+    from tools.docs_tables import MissingData, make_table
 
     with pytest.raises(MissingData, match="smollm2_retrained"):
         make_table("smollm2-retrained", tmp_path)
@@ -119,8 +137,7 @@ def test_the_retrained_smollm2_table_reads_its_own_folder(tmp_path):
 def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen_rate(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_HORIZON, STUDY_SEEDS
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     seeds, horizon = tmp_path / STUDY_SEEDS, tmp_path / STUDY_HORIZON
     seeds.mkdir(parents=True)
@@ -141,8 +158,7 @@ def test_the_horizon_check_sets_each_run_beside_its_layouts_seed_0_at_the_chosen
 def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_differences(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
         (tmp_path / folder).mkdir(parents=True)
@@ -168,8 +184,7 @@ def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_d
 def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_HORIZON, STUDY_LADDER_4E3, STUDY_SEEDS
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
         (tmp_path / folder).mkdir(parents=True)
@@ -193,8 +208,7 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
 def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_bracketed_best(tmp_path):
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_LR, STUDY_LR_DESYNC
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     for folder in (STUDY_LR, STUDY_LR_DESYNC):
         (tmp_path / folder).mkdir(parents=True)
@@ -226,8 +240,7 @@ def _desync_seeds_table(tmp_path, arms):
     loss is standard's plus the given gap, by arm (reduce every K) and seed."""
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_SEEDS, STUDY_SEEDS_DESYNC
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     for folder in (STUDY_SEEDS, STUDY_SEEDS_DESYNC):
         (tmp_path / folder).mkdir(parents=True)
@@ -279,8 +292,7 @@ def test_the_ladder_pairs_table_gives_each_seed_the_figures_of_the_pairs_so_far(
 
     from fabricate import fabricate_run
 
-    from ladder_train.report.doc_study_tables import STUDY_SEEDS
-    from ladder_train.report.docs_tables import make_table
+    from tools.docs_tables import make_table
 
     (tmp_path / STUDY_SEEDS).mkdir(parents=True)
     for seed, (ladder_gap, parallel_gap) in enumerate(((0.02, 0.01), (0.04, 0.03), (0.09, 0.02))):

@@ -79,7 +79,9 @@ def test_selective_recomputes_norms_and_activations_but_no_matmul_or_attention()
 
 def test_the_benchmark_writes_the_rows_its_docs_table_is_made_from(tmp_path, capsys):
     from benchmarks.activation_memory import main
-    from ladder_train.report.docs_tables import ACTIVATION_MEMORY, activation_memory
+    from tools.docs_tables import MANIFEST, TABLES
+
+    ACTIVATION_MEMORY = MANIFEST["activation-memory"].rows
 
     tiny = [
         "model.vocab_size=128",
@@ -93,7 +95,7 @@ def test_the_benchmark_writes_the_rows_its_docs_table_is_made_from(tmp_path, cap
     main(["--layouts", "ladder", "--out", str(tmp_path / ACTIVATION_MEMORY), *tiny])
     rows = (tmp_path / ACTIVATION_MEMORY).read_text().splitlines()
     assert [line.split('"mode": "')[1].split('"')[0] for line in rows] == ["none", "selective", "full"]
-    table = activation_memory(tmp_path).splitlines()
+    table = TABLES["activation-memory"](tmp_path).splitlines()
     assert len(table) == 2 + 3 and table[2].startswith("| ladder | none |") and "| 1.00 |" in table[2]
     assert "wrote 3 rows" in capsys.readouterr().out
 

@@ -89,7 +89,7 @@ def environment(device: torch.device, tp: int, options: BenchOptions, compiled: 
 
 def _invocation() -> dict:
     """When this invocation started (UTC) and an id no other invocation shares: the rows of several invocations
-    appended to one file are told apart by it (``report/doc_tp_tables.py``)."""
+    appended to one file are told apart by it (``report/tp_invocations.py``)."""
     started = datetime.datetime.now(datetime.UTC)
     return {"started": started.isoformat(timespec="seconds"), "invocation": f"{started:%Y%m%dT%H%M%S.%f}-{os.getpid()}"}
 

@@ -1,5 +1,5 @@
 """docs/benchmarks.md's tables of the developer benchmarks (``benchmarks/``), made from the JSON lines their
-``--out`` appends under ``docs/results/`` (registered in ``docs_tables.TABLES``).
+``--out`` appends under ``docs/results/`` (each table's file: ``manifest.toml``).
 
 A sample is one repeat of one invocation (``invocation``, ``repeat``). Every figure with more than one sample is
 shown as its median with the lowest and highest in brackets; a ratio (pipeline against the raw tokenizer, trainer
@@ -10,29 +10,10 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable, Iterable
-from pathlib import Path
 
-from .tables import markdown_table
-
-DATA_PIPELINE = "docs/results/data_pipeline/cpu.jsonl"  # python -m benchmarks.data_loader --out
-TRAINER_OVERHEAD = "docs/results/trainer_overhead/cpu.jsonl"  # python -m benchmarks.train_step --out
-CHECKPOINT = "docs/results/checkpoint/cpu.jsonl"  # python -m benchmarks.checkpoint_stall --out
-FSDP_UNITS = "docs/results/fsdp_units/cpu.jsonl"  # python -m benchmarks.train_ab --a/--b blocks_per_fsdp_unit --out
-COMPILED_LOSS = "docs/results/compiled_loss/cpu.jsonl"  # python -m benchmarks.loss_ab --out
-
-
-def read_rows(path: Path) -> list[dict]:
-    """The JSON lines of ``path`` (blank lines skipped)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def spread(values: Iterable[float], spec: str, suffix: str = "") -> str:
-    """``median (lowest–highest)`` of the values; the median alone where they all print the same."""
-    values = list(values)
-    middle = format(statistics.median(values), spec) + suffix
-    low, high = format(min(values), spec), format(max(values), spec)
-    return middle if low == high else f"{middle} ({low}–{high}{suffix})"
+from benchmarks.loss_ab import LOSS_VARIANTS, loss_ratios
+from benchmarks.records import pair_ratios
+from ladder_train.report.tables import markdown_table, spread
 
 
 def by_sample(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -57,17 +38,7 @@ def provenance(rows: list[dict], path: str, libraries: tuple[str, ...] = ("torch
     )
 
 
-def from_file(relative: str, make: Callable[[list[dict], str], str]) -> Callable[[Path], str]:
-    """The table function docs_tables registers: ``make`` on the rows of ``root / relative``."""
-
-    def table(root: Path) -> str:
-        return make(read_rows(root / relative), relative)
-
-    table.__doc__ = make.__doc__
-    return table
-
-
-def data_pipeline(rows: list[dict], path: str = DATA_PIPELINE) -> str:
+def data_pipeline(rows: list[dict], path: str) -> str:
     """benchmarks/data_loader.py: tokens/s of the raw tokenizer calls and of a pass of the loader per worker count,
     per worker, and against each raw call of the same sample."""
     body = []
@@ -125,7 +96,7 @@ def _batch_lines(batch: int, samples: list[list[dict]]) -> list[list[str]]:
     return lines
 
 
-def trainer_overhead(rows: list[dict], path: str = TRAINER_OVERHEAD) -> str:
+def trainer_overhead(rows: list[dict], path: str) -> str:
     """benchmarks/train_step.py: the best round of the bare loop and of the trainer in each sample, and their
     ratio."""
     best = {"bare": [], "trainer": []}
@@ -151,13 +122,6 @@ def trainer_overhead(rows: list[dict], path: str = TRAINER_OVERHEAD) -> str:
     )
 
 
-def pair_ratios(rows: list[dict], field: str = "tokens_per_s", over: str = "b", under: str = "a") -> list[float]:
-    """Rows of alternating pairs of rounds (benchmarks/train_ab.py, loss_ab.py): variant ``over``'s ``field`` over
-    variant ``under``'s within each pair (an invocation's round)."""
-    per = {(r["invocation"], r["round"], r["variant"]): r[field] for r in rows}
-    return [per[i, p, over] / per[i, p, under] for (i, p, v) in per if v == under]
-
-
 def _compiled(rows: list[dict]) -> str:
     """compiled, eager, or which variant was compiled."""
     compiled = sorted({name for r in rows for name, flag in r["compiled"].items() if flag})
@@ -167,7 +131,7 @@ def _compiled(rows: list[dict]) -> str:
     return "compiled" if compiled == variants else "compiled: " + ", ".join(compiled)
 
 
-def trainer_ab(rows: list[dict], path: str = FSDP_UNITS) -> str:
+def trainer_ab(rows: list[dict], path: str) -> str:
     """benchmarks/train_ab.py: each variant's time per block call over its rounds, and b's tokens/s over a's within
     each alternating pair."""
     ratios = pair_ratios(rows)
@@ -199,15 +163,9 @@ def trainer_ab(rows: list[dict], path: str = FSDP_UNITS) -> str:
 
 
 LOSS_TIME_FIELDS = ("seconds_per_call", "user_s_per_call", "system_s_per_call")  # benchmarks/loss_ab.py, per call
-LOSS_VARIANTS = ("eager", "compiled")
 
 
-def loss_ratios(rows: list[dict], field: str = "seconds_per_call") -> list[float]:
-    """benchmarks/loss_ab.py's rows: eager's ``field`` over the compiled loss's within each pair."""
-    return pair_ratios(rows, field, over="eager", under="compiled")
-
-
-def compiled_loss(rows: list[dict], path: str = COMPILED_LOSS) -> str:
+def compiled_loss(rows: list[dict], path: str) -> str:
     """benchmarks/loss_ab.py: the loss's forward and backward, eager and compiled, in wall and CPU time (on a GPU:
     wall time and peak memory), and eager's over the compiled one's within each pair."""
     if rows[0].get("device") == "cuda":
@@ -270,7 +228,7 @@ def compiled_loss_on_gpu(rows: list[dict], path: str) -> str:
     )
 
 
-def checkpoint_stall(rows: list[dict], path: str = CHECKPOINT) -> str:
+def checkpoint_stall(rows: list[dict], path: str) -> str:
     """benchmarks/checkpoint_stall.py part 1: per checkpoint setting, the training's total time, its median step
     and the stall per save."""
     stalls = [r for r in rows if r["part"] == "stall"]
@@ -297,7 +255,7 @@ def checkpoint_stall(rows: list[dict], path: str = CHECKPOINT) -> str:
     )
 
 
-def checkpoint_sizes(rows: list[dict], path: str = CHECKPOINT) -> str:
+def checkpoint_sizes(rows: list[dict], path: str) -> str:
     """benchmarks/checkpoint_stall.py part 2: per model width, the DCP checkpoint's size and its save and load
     times."""
     sizes = [r for r in rows if r["part"] == "size"]
@@ -323,11 +281,24 @@ def checkpoint_sizes(rows: list[dict], path: str = CHECKPOINT) -> str:
     )
 
 
-TABLES: dict[str, Callable[[Path], str]] = {
-    "data-pipeline": from_file(DATA_PIPELINE, data_pipeline),
-    "trainer-overhead": from_file(TRAINER_OVERHEAD, trainer_overhead),
-    "checkpoint-stall": from_file(CHECKPOINT, checkpoint_stall),
-    "fsdp-units": from_file(FSDP_UNITS, trainer_ab),
-    "compiled-loss": from_file(COMPILED_LOSS, compiled_loss),
-    "checkpoint-size": from_file(CHECKPOINT, checkpoint_sizes),
-}
+def activation_memory(rows: list[dict], path: str) -> str:
+    """benchmarks/activation_memory.py's rows: the memory held after forward and the peak of each layout and
+    checkpointing mode, each against the layout's mode none, with the loss and the gradients' largest difference."""
+    none = {row["layout"]: row for row in rows if row["mode"] == "none"}
+    body = []
+    for row in rows:
+        base, held, peak = none[row["layout"]], row["held_after_forward_bytes"], row["peak_bytes"]
+        body.append(
+            [
+                row["layout"],
+                row["mode"],
+                f"{held / 2**20:,.1f}",
+                f"{held / base['held_after_forward_bytes']:.2f}",
+                f"{peak / 2**20:,.1f}",
+                f"{peak / base['peak_bytes']:.2f}",
+                f"{row['loss']:.6f}",
+                f"{row['max_grad_diff']:g}",
+            ]
+        )
+    header = ["layout", "mode", "held MiB", "/ none", "peak MiB", "/ none", "loss", "max grad diff to none"]
+    return markdown_table(header, body) + "\n"

@@ -1,26 +1,15 @@
-"""Docs tables made from committed run results (registered in ``docs_tables.TABLES``): ladder-eval's results JSON
-(``ladder-eval --out``; each cell with lm-eval's standard error where the task gives one) and training runs'
-``metrics.jsonl`` (medians and ranges over repeated runs)."""
+"""Docs tables made from committed run results (each table's files: ``manifest.toml``): ladder-eval's results JSON
+(``ladder-eval --out``; each cell with lm-eval's standard error where the task gives one), training runs'
+``metrics.jsonl`` (medians and ranges over repeated runs) and benchmarks/token_files.py's rows."""
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 
-from .runs import read_metrics
-from .tables import markdown_table
-
-SMOLLM2 = Path("docs/results/smollm2_conversion")
-SMOLLM2_MODELS = {
-    "original": "original (30 standard layers)",
-    "ladder15": "upper 15 layers ladder",
-    "ladder30": "all 30 layers ladder",
-}
-# the same three after the same continued pretraining (docs/results.md, "Retraining"): one run each
-SMOLLM2_RETRAINED = Path("docs/results/smollm2_retrained")
-SMOLLM2_RETRAINED_MODELS = {name: f"{label}, retrained" for name, label in SMOLLM2_MODELS.items()}
+from ladder_train.report.runs import read_metrics
+from ladder_train.report.tables import markdown_table
 
 
 def _percent(metrics: dict, name: str) -> str:
@@ -32,14 +21,14 @@ def _perplexity(value: float) -> str:
     return f"{value:,.2f}" if value < 1e4 else f"{value:.3g}"
 
 
-def smollm2_table(folder: Path, models: dict[str, str]) -> Callable[[Path], str]:
+def smollm2(root: Path, folder: str, models: dict[str, str]) -> str:
     """SmolLM2-135M-Instruct and its conversions to a (hybrid) ladder, as stored in ``folder``: held-out perplexity
     on FineWeb-Edu and WikiText-2, and four tasks on their first rows (``NAME_tasks.json``, ``NAME_wikitext.json``
-    written by ladder-eval --out for each NAME of ``models``)."""
-    return lambda root: _smollm2_rows(root / folder, folder, models)
+    written by ladder-eval --out for each NAME of ``models``, shown under its label)."""
+    return _smollm2_rows(root / folder, folder, models)
 
 
-def _smollm2_rows(path: Path, folder: Path, models: dict[str, str]) -> str:
+def _smollm2_rows(path: Path, folder: str, models: dict[str, str]) -> str:
     rows, notes = [], set()
     for name, label in models.items():
         tasks = json.loads((path / f"{name}_tasks.json").read_text())
@@ -78,9 +67,6 @@ def _smollm2_rows(path: Path, folder: Path, models: dict[str, str]) -> str:
     )
 
 
-BF16 = Path("docs/results/bf16_cpu")
-
-
 def _last_record(run: Path) -> dict:
     return [r for r in read_metrics(run / "metrics.jsonl") if "tokens_per_s" in r][-1]
 
@@ -89,11 +75,11 @@ def _median_range(values: list[float], spec: str) -> str:
     return f"{statistics.median(values):{spec}} ({min(values):{spec}}–{max(values):{spec}})"
 
 
-def bf16_cpu(root: Path) -> str:
-    """bf16 against fp32 training, runs ``{dtype}_{i}`` alternating: each run's last logged step (tokens/s over its
-    log interval, step time, peak memory); the speed ratio within each pair i."""
-    runs = sorted((root / BF16).glob("*_*/metrics.jsonl"))
-    last = {p.parent.name: _last_record(p.parent) for p in runs}
+def bf16_cpu(root: Path, runs: str) -> str:
+    """bf16 against fp32 training, runs ``{dtype}_{i}`` alternating under ``runs``: each run's last logged step
+    (tokens/s over its log interval, step time, peak memory); the speed ratio within each pair i."""
+    found = sorted((root / runs).glob("*_*/metrics.jsonl"))
+    last = {p.parent.name: _last_record(p.parent) for p in found}
     pairs = sorted({name.split("_")[1] for name in last})
     rows = []
     for dtype in ("fp32", "bf16"):
@@ -112,26 +98,22 @@ def bf16_cpu(root: Path) -> str:
         markdown_table(["dtype", "tokens/s", "step time s", "peak memory GiB"], rows)
         + f"\n\nbf16 / fp32 tokens/s within each pair: {_median_range(ratios, '.2f')}; {len(pairs)} alternating pairs, "
         f"each run's figures at its step {step} (the last log interval); medians (lowest–highest). Runs' "
-        f"`metrics.jsonl` in `{BF16}/`.\n"
+        f"`metrics.jsonl` in `{runs}/`.\n"
     )
 
 
-TOKEN_FILES = Path("docs/results/token_files/results.jsonl")
-
-
-def token_files(root: Path) -> str:
+def token_files(rows: list[dict], path: str) -> str:
     """The token-file loader's tokens/s on rank 0 per folder, page cache and world size, against the estimated
     consumption of one GPU (``gpu_estimate``: computed, not measured), in the file's order."""
-    rows = []
-    for line in (root / TOKEN_FILES).read_text().splitlines():
-        r = json.loads(line)
+    body = []
+    for r in rows:
         folder = (
             f"synthetic, {r['folder_tokens'] / 1e6:,.0f}M tokens"
             if r["folder"] == "synthetic"
             else "FineWeb sample, StarCoder"
         )
         need = r["gpu_estimate"]["tokens_per_s_gpu"]
-        rows.append(
+        body.append(
             [
                 folder,
                 "cold" if r["cold"] else "warm",
@@ -142,12 +124,4 @@ def token_files(root: Path) -> str:
             ]
         )
     header = ["folder", "page cache", "world size", "sequences read by rank 0", "tokens/s per rank", "/ H100 estimate"]
-    return markdown_table(header, rows) + f"\n\nOne run per row; rows in `{TOKEN_FILES}`.\n"
-
-
-TABLES: dict[str, Callable[[Path], str]] = {
-    "smollm2-conversion": smollm2_table(SMOLLM2, SMOLLM2_MODELS),
-    "smollm2-retrained": smollm2_table(SMOLLM2_RETRAINED, SMOLLM2_RETRAINED_MODELS),
-    "bf16-cpu": bf16_cpu,
-    "token-files": token_files,
-}
+    return markdown_table(header, body) + f"\n\nOne run per row; rows in `{path}`.\n"

@@ -1,5 +1,5 @@
 """docs/benchmarks.md's GPU tables, made from the rows ``python -m benchmarks.gpu_check --out`` appends (one file per
-card and date under ``docs/results/gpu/``; registered in ``docs_tables.TABLES``).
+card and date under ``docs/results/gpu/``; each table's file: ``manifest.toml``).
 
 Every training figure is one run: tokens/s is the median of its logged steps after compilation with the lowest and
 highest step in brackets, MFU the median step's. A ``ceilings`` row (a device-to-device copy and an 8192-cube bf16
@@ -8,14 +8,10 @@ matrix product timed on the same card) gives decode's bandwidth as a share of th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
-from .doc_bench_tables import read_rows
-from .tables import markdown_table
+from ladder_train.report.tables import markdown_table
 
-H100_2026_11_27 = "docs/results/gpu/h100_2026-11-27.jsonl"
-H200_2026_11_28 = "docs/results/gpu/h200_2026-11-28.jsonl"
 MODEL_OF_RECIPE = {"1b": "1.2B", "3b": "3.5B"}
 
 
@@ -39,17 +35,12 @@ def _tokens(row: dict) -> str:
     return f"{row['tokens_per_s_median']:,.0f} ({low:,.0f}–{high:,.0f})"
 
 
-def _table(path: str, kinds: tuple[str, ...], header: list[str], line, note) -> Callable[[Path], str]:
+def _table(all_rows: list[dict], path: str, kinds: tuple[str, ...], header: list[str], line, note) -> str:
     """The table of ``path``'s rows of ``kinds`` that did not fail: ``line(row, all_rows)`` each, then
     ``note(all_rows)`` and the card, driver, torch, date and commands of those rows."""
-
-    def make(root: Path) -> str:
-        all_rows = read_rows(root / path)
-        rows = [r for r in all_rows if r["kind"] in kinds and not r.get("error")]
-        body = [line(r, all_rows) for r in rows]
-        return markdown_table(header, body) + "\n\n" + note(all_rows) + _env_line(rows, path) + "\n"
-
-    return make
+    rows = [r for r in all_rows if r["kind"] in kinds and not r.get("error")]
+    body = [line(r, all_rows) for r in rows]
+    return markdown_table(header, body) + "\n\n" + note(all_rows) + _env_line(rows, path) + "\n"
 
 
 def _mode(row: dict) -> str:
@@ -74,7 +65,7 @@ def _training_line(r: dict, _) -> list[str]:
     ]
 
 
-def training(path: str) -> Callable[[Path], str]:
+def training(rows: list[dict], path: str) -> str:
     """Training rows (kind train and big): tokens/s, MFU and peak memory against the ``--dry-run`` plan."""
     header = ["model", "layout", "micro-batch", "gradients", "mode", "steps", "tokens/s median (range)", "MFU"]
     header += ["peak GiB", "plan GiB", "plan − peak"]
@@ -83,7 +74,7 @@ def training(path: str) -> Callable[[Path], str]:
         "the card's dense bf16 peak, with the trainer's FLOPs per token: 6 x parameters + 12 x layers x dim x seq, "
         "the attention term (17 % of the 1.2B's count at seq 2048) with no discount for the causal mask. "
     )
-    return _table(path, ("train", "big"), header, _training_line, lambda _: note)
+    return _table(rows, path, ("train", "big"), header, _training_line, lambda _: note)
 
 
 def _profile_line(r: dict, _) -> list[str]:
@@ -100,7 +91,7 @@ def _profile_line(r: dict, _) -> list[str]:
     ]
 
 
-def profiled(path: str) -> Callable[[Path], str]:
+def profiled(rows: list[dict], path: str) -> str:
     """Profiled rows: the GPU's busy share of the traced steps and the work per optimizer step."""
     header = ["layout", "micro-batch", "steps traced", "GPU busy", "host ms a step", "kernels a step"]
     header += ["copies a step", "memsets a step", "CUDA runtime + driver calls a step"]
@@ -109,7 +100,7 @@ def profiled(path: str) -> Callable[[Path], str]:
         "in a profiled run: torch.profiler slows the host, so an unprofiled step's busy share is higher (the H100's "
         "micro-batch 2 step took 1,251 ms profiled and 969 ms unprofiled: busy about 63 % at the same GPU work). "
     )
-    return _table(path, ("profile",), header, _profile_line, lambda _: note)
+    return _table(rows, path, ("profile",), header, _profile_line, lambda _: note)
 
 
 def _ceilings(all_rows: list[dict]) -> dict | None:
@@ -146,11 +137,11 @@ def _decode_note(all_rows: list[dict]) -> str:
     return note
 
 
-def decoding(path: str) -> Callable[[Path], str]:
+def decoding(rows: list[dict], path: str) -> str:
     """Decode rows: TPOT and the weights' read bandwidth, with its share of the card's measured copy rate."""
     header = ["model", "layout", "GEMV tuning", "layers", "batch", "prompt + new", "TPOT ms (sd over runs)"]
     header += ["weights MB", "weights read GB/s", "of the copy rate (GB/s)"]
-    return _table(path, ("decode",), header, _decode_line, _decode_note)
+    return _table(rows, path, ("decode",), header, _decode_line, _decode_note)
 
 
 def _ratio(x) -> str:
@@ -181,9 +172,9 @@ def _peer_line(r: dict, _) -> list[str]:
     return [part, peer, str(r["micro_batch"]), _tokens(r) + " tokens/s", share, ours, _ratio(ratio)]
 
 
-def peers(path: str) -> Callable[[Path], str]:
+def peers(rows: list[dict], path: str) -> str:
     """Rows of ``gpu_check --peers``: torchtitan and the bare loop beside our training rows, transformers beside our
-    decode, ours / theirs from the same invocation. Registered in TABLES with the first card's committed rows."""
+    decode, ours / theirs from the same invocation. Not yet in manifest.toml: it waits for a card's committed rows."""
     header = ["part", "theirs", "micro-batch", "their figure", "MFU (our formula)", "ours", "ours / theirs"]
     note = (
         "One run per row, all from one gpu_check invocation. Training: 1.2B standard, seq 2048, global batch 16, "
@@ -193,14 +184,4 @@ def peers(path: str) -> Callable[[Path], str]:
         "trainer's own cost. Decode: our export of the same model (random weights) in LlamaForCausalLM, batch 1, "
         "greedy, TPOT = (generate of N tokens - of 1) / (N - 1); ours / theirs below 1: ours is faster. "
     )
-    return _table(path, ("peer_train", "bare_loop", "peer_decode"), header, _peer_line, lambda _: note)
-
-
-TABLES: dict[str, Callable[[Path], str]] = {
-    "gpu-train": training(H100_2026_11_27),
-    "gpu-profile": profiled(H100_2026_11_27),
-    "gpu-decode": decoding(H100_2026_11_27),
-    "gpu-train-h200": training(H200_2026_11_28),
-    "gpu-profile-h200": profiled(H200_2026_11_28),
-    "gpu-decode-h200": decoding(H200_2026_11_28),
-}
+    return _table(rows, path, ("peer_train", "bare_loop", "peer_decode"), header, _peer_line, lambda _: note)

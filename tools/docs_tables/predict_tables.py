@@ -1,6 +1,7 @@
-"""docs/benchmarks.md's tables of ladder-predict's predictions, made from the JSON lines committed under
-``docs/results/predict/`` (registered in ``docs_tables.TABLES``). Every figure in them is PREDICTED, none measured.
+"""docs/benchmarks.md's tables of ladder-predict's predictions, made from the files committed under ``docs/results/``
+(each table's files: ``manifest.toml``). Every figure in them is PREDICTED, none measured.
 
+- ``predict-paper70``: the table ``ladder-predict paper --out`` stores (header, rows, note);
 - ``predict-llama70b-tp8``: the rows ``ladder-predict --out`` writes for one model, profile and TP degree over its
   links and batch sizes (prefill, decode per token, comm share, the speedups over standard);
 - ``predict-sensitivity``: the rows ``benchmarks/predictor_sensitivity.py`` writes, the error against the paper's 70B
@@ -11,21 +12,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
 from pathlib import Path
 
-from ..predict import card_check, card_check_markdown, load_profiles
-from .doc_bench_tables import from_file
-from .tables import markdown_table
+from ladder_train.predict import card_check, card_check_markdown, load_profiles
+from ladder_train.report.tables import markdown_table
 
-LLAMA70B_TP8 = "docs/results/predict/llama70b_tp8.jsonl"  # ladder-predict --model llama-70b ... --out
-SENSITIVITY = "docs/results/predict/sensitivity.jsonl"  # python -m benchmarks.predictor_sensitivity --out
-# ladder-predict fit H100_ROWS... --check H200_ROWS...: the 8-layer file is a copy of that session's
-# shared/gpu/2026-11-26/bench_tp1_8layers.jsonl (ladder-bench --out on the H100)
-CARD_FIT = (
-    ("docs/results/gpu/h100_2026-11-27.jsonl", "docs/results/gpu/h100_2026-11-26_bench_tp1_8layers.jsonl"),
-    ("docs/results/gpu/h200_2026-11-28.jsonl",),
-)
 LINK_NAMES = {"nvlink": "NVLink", "pcie": "P2P disabled"}  # the profile's pcie link is NCCL_P2P_DISABLE=1
 # the cells of the paper's table the sensitivity table shows: (column, the rows' name of the cell)
 SHOWN_CELLS = (
@@ -44,7 +36,7 @@ def _one(rows: list[dict], key: str, path: str):
     return values.pop()
 
 
-def prediction_grid(rows: list[dict], path: str = LLAMA70B_TP8) -> str:
+def prediction_grid(rows: list[dict], path: str) -> str:
     """``ladder-predict``'s rows of one model, profile and TP degree: per link and batch standard's prefill and
     decode step, the ladder's and the no-communication decode step, the comm share of the decode step, the ladder's
     decode-step speedup and the parallel layout's and the ceiling's end-to-end tokens/s speedups."""
@@ -92,7 +84,7 @@ def _joined(values: list[float], sign: bool, each: bool) -> str:
     return " / ".join(_percent(v, sign) for v in values) + " %"
 
 
-def sensitivity(rows: list[dict], path: str = SENSITIVITY) -> str:
+def sensitivity(rows: list[dict], path: str) -> str:
     """benchmarks/predictor_sensitivity.py's rows: per changed assumption (its alternatives side by side, the shipped
     value in brackets) the mean absolute error over the 12 cells and the errors of the cells ``SHOWN_CELLS`` names."""
     groups: dict[str, list[dict]] = {}
@@ -126,15 +118,15 @@ def sensitivity(rows: list[dict], path: str = SENSITIVITY) -> str:
     )
 
 
-def card_fit(root: Path) -> str:
-    """``ladder-predict fit``'s table of ``CARD_FIT``'s two cards: their rows on the shipped profiles, then each fit
-    in sample and out of sample on the other card."""
-    files_a, files_b = ([root / name for name in files] for files in CARD_FIT)
+def json_table(root: Path, table: str) -> str:
+    """A table stored as ``{"header": [...], "rows": [[...]], "note": "..."}`` by the command that made it."""
+    data = json.loads((root / table).read_text())
+    note = f"\n\n{data['note']}\n" if data.get("note") else "\n"
+    return markdown_table(data["header"], data["rows"]) + note
+
+
+def card_fit(root: Path, fit_on: list[str], check_on: list[str]) -> str:
+    """``ladder-predict fit``'s table of two cards: their rows on the shipped profiles, then each fit in sample and
+    out of sample on the other card."""
+    files_a, files_b = ([root / name for name in files] for files in (fit_on, check_on))
     return card_check_markdown(card_check(files_a, files_b, load_profiles())) + "\n"
-
-
-TABLES: dict[str, Callable[[Path], str]] = {
-    "predict-llama70b-tp8": from_file(LLAMA70B_TP8, prediction_grid),
-    "predict-sensitivity": from_file(SENSITIVITY, sensitivity),
-    "predict-card-fit": card_fit,
-}

@@ -1,10 +1,10 @@
-"""The docs' tables of tensor-parallel generation, made from ladder-bench's JSON lines under ``docs/results/``
-(registered in ``docs_tables.TABLES``): several invocations of one command append to one file, and each table shows
-per case the median over the invocations with the lowest and highest in brackets.
+"""The docs' tables of tensor-parallel generation, made from ladder-bench's JSON lines under ``docs/results/`` (each
+table's file: ``manifest.toml``): several invocations of one command append to one file, and each table shows per case
+the median over the invocations with the lowest and highest in brackets.
 
 An invocation's rows are one sample: its speedups, communication share and overlap efficiency were derived within it
-(``bench/results.py``: ``derive``), side by side, before any median. How rows are told apart by invocation:
-``tp_invocations.py``.
+(``ladder_train/bench/results.py``: ``derive``), side by side, before any median. How rows are told apart by
+invocation: ``ladder_train/report/tp_invocations.py``.
 """
 
 from __future__ import annotations
@@ -13,20 +13,13 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from ..bench import latency_note
-from ..bench_schema import read_bench
-from ..predict import bench_rows, compare_with_bench, load_profiles
-from . import link_sweep
-from .tables import markdown_table
-from .tp_bench import spread_notes
-from .tp_invocations import cell, invocations, joined_values, machines, runs_note, samples
-
-TP_GENERATION = "docs/results/tp_generation/cpu.jsonl"  # docs/results.md, "Tensor-parallel generation"
-LINK_SWEEP = "docs/results/tp_link_sweep/cpu.jsonl"  # docs/benchmarks.md, the link sweep
-OVERLAP_CHECKS = "docs/results/tp_overlap/cpu.jsonl"  # docs/benchmarks.md, the two overlap checks
-TP_COMPILED = "docs/results/tp_compiled/cpu.jsonl"  # docs/benchmarks.md, the compiled path on the CPU
-PREDICT_CPU = "docs/results/predict_cpu"  # one `ladder-predict validate --out-dir` folder per invocation
-PREDICT_CPU_DESYNC = "docs/results/predict_cpu_desync"  # the same with --layouts standard,ladder,desync-2,desync-4
+from ladder_train.bench import latency_note
+from ladder_train.bench_schema import read_bench
+from ladder_train.predict import bench_rows, compare_with_bench, load_profiles
+from ladder_train.report import link_sweep
+from ladder_train.report.tables import markdown_table
+from ladder_train.report.tp_bench import spread_notes
+from ladder_train.report.tp_invocations import cell, invocations, joined_values, machines, runs_note, samples
 
 
 def _percent(key: str) -> Callable[[dict, dict], float | None]:
@@ -68,7 +61,7 @@ DEFINITIONS = (
 )
 
 
-def tp_generation(rows: list[dict], path: str = TP_GENERATION) -> str:
+def tp_generation(rows: list[dict], path: str) -> str:
     """docs/results.md's TP table: per layout and batch size tokens/s, decode time, speedups, the ceiling, the
     communication share and the overlap efficiency with t(none)."""
     header, body, cases = ["layout", "batch"], [], samples(rows)
@@ -155,12 +148,12 @@ def link_table(
     return markdown_table(header, body) + "\n\n" + note + "\n"
 
 
-def link_sweep_table(rows: list[dict], path: str = LINK_SWEEP) -> str:
+def link_sweep_table(rows: list[dict], path: str) -> str:
     """docs/benchmarks.md's link sweep: one shape at several emulated latencies X, beside the prediction."""
     return link_table(rows, path, True, False, link_sweep.module_ms, "module")
 
 
-def overlap_checks(rows: list[dict], path: str = OVERLAP_CHECKS) -> str:
+def overlap_checks(rows: list[dict], path: str) -> str:
     """docs/benchmarks.md's two overlap checks: two shapes, each at its own X, against the shorter module."""
     return link_table(rows, path, False, True, _shorter_module, "shorter module")
 
@@ -184,36 +177,31 @@ SUMMARY_ERRORS = (
 )
 
 
-def predict_cpu(relative: str) -> Callable[[Path], str]:
-    """docs/benchmarks.md's predictor on this CPU: each `ladder-predict validate` folder under ``relative`` has its
+def predict_cpu(root: Path, folders: str) -> str:
+    """docs/benchmarks.md's predictor on this CPU: each `ladder-predict validate` folder under ``folders`` has its
     ladder-bench rows predicted with the profile it calibrated; per case the medians over the folders."""
-
-    def make(root: Path) -> str:
-        folders = sorted(p.parent for p in (root / relative).glob("*/bench.jsonl"))
-        merged: dict[tuple, list[dict]] = {}
-        summaries = []
-        for folder in folders:
-            profile = load_profiles(folder / "cpu.yaml")["cpu"]
-            results, summary = compare_with_bench(bench_rows(folder / "bench.jsonl"), profile)
-            summaries.append(summary)
-            for r in results:
-                merged.setdefault((r["shape"], r["layout"], r["batch"], r["x_ms"]), []).append(r)
-        body = [_predicted_line(key, [(r, None) for r in found]) for key, found in merged.items()]
-        summary_pairs = [(s, None) for s in summaries]
-        errors = ", ".join(
-            f"{name} {cell(summary_pairs, lambda s, _, k=key: 100 * s[k], '.1f', ' %')}" for name, key in SUMMARY_ERRORS
-        )
-        rows = [row for folder in folders for row in read_bench(folder / "bench.jsonl")]
-        return (
-            markdown_table(PREDICT_HEADER, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted "
-            f"with the `cpu` profile it calibrated (`{relative}/*/cpu.yaml`); medians over {len(folders)} folder{'s' * (len(folders) != 1)} "
-            "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
-            + runs_note(rows, relative)
-            + "\n"
-        )
-
-    make.__doc__ = predict_cpu.__doc__
-    return make
+    found = sorted(p.parent for p in (root / folders).glob("*/bench.jsonl"))
+    merged: dict[tuple, list[dict]] = {}
+    summaries = []
+    for folder in found:
+        profile = load_profiles(folder / "cpu.yaml")["cpu"]
+        results, summary = compare_with_bench(bench_rows(folder / "bench.jsonl"), profile)
+        summaries.append(summary)
+        for r in results:
+            merged.setdefault((r["shape"], r["layout"], r["batch"], r["x_ms"]), []).append(r)
+    body = [_predicted_line(key, [(r, None) for r in rows]) for key, rows in merged.items()]
+    summary_pairs = [(s, None) for s in summaries]
+    errors = ", ".join(
+        f"{name} {cell(summary_pairs, lambda s, _, k=key: 100 * s[k], '.1f', ' %')}" for name, key in SUMMARY_ERRORS
+    )
+    rows = [row for folder in found for row in read_bench(folder / "bench.jsonl")]
+    return (
+        markdown_table(PREDICT_HEADER, body) + f"\n\nMean absolute errors: {errors}. Each folder's rows predicted "
+        f"with the `cpu` profile it calibrated (`{folders}/*/cpu.yaml`); medians over {len(found)} folder{'s' * (len(found) != 1)} "
+        "(lowest–highest in brackets). Measured speedups are over standard within each invocation. "
+        + runs_note(rows, folders)
+        + "\n"
+    )
 
 
 def _predicted_line(key: tuple, pairs: list[tuple[dict, None]]) -> list[str]:
@@ -230,7 +218,7 @@ def _predicted_line(key: tuple, pairs: list[tuple[dict, None]]) -> list[str]:
     return line
 
 
-def tp_compiled(rows: list[dict], path: str = TP_COMPILED) -> str:
+def tp_compiled(rows: list[dict], path: str) -> str:
     """docs/benchmarks.md's compiled path on the CPU: per invocation and layout what ran compiled and what it
     generated, and the compilations against the two graphs (prefill, decode) each model, communicator and batch size
     may have. Its timings (a model of 0.1-0.5 ms over a few decode steps) are dispatch noise and are left out."""
@@ -269,21 +257,3 @@ def tp_compiled(rows: list[dict], path: str = TP_COMPILED) -> str:
         f"fails above it. Measured {joined_values(rows, 'date')} on {machines(rows)}, torch {joined_values(rows, 'torch')}; rows in "
         f"`{path}`.\n"
     )
-
-
-def _from_file(relative: str, make: Callable[[list[dict], str], str]) -> Callable[[Path], str]:
-    def table(root: Path) -> str:
-        return make(read_bench(root / relative), relative)
-
-    table.__doc__ = make.__doc__
-    return table
-
-
-TABLES: dict[str, Callable[[Path], str]] = {
-    "tp-generation": _from_file(TP_GENERATION, tp_generation),
-    "tp-link-sweep": _from_file(LINK_SWEEP, link_sweep_table),
-    "tp-overlap-checks": _from_file(OVERLAP_CHECKS, overlap_checks),
-    "predict-cpu": predict_cpu(PREDICT_CPU),
-    "predict-cpu-desync": predict_cpu(PREDICT_CPU_DESYNC),
-    "tp-compiled": _from_file(TP_COMPILED, tp_compiled),
-}

@@ -1,0 +1,7 @@
+"""``python -m tools.docs_tables (--write | --check) [--root DIR]``, from the repository's root."""
+
+import sys
+
+from .docs import main
+
+sys.exit(main())

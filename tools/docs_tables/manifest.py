@@ -1,0 +1,73 @@
+"""``manifest.toml`` read: each marked table's builder and data, and the table made from them.
+
+A table is made by calling its builder with what the manifest names: ``builder(rows, FILE, **args)`` for an entry
+with ``rows = FILE`` (the file's JSON lines), ``builder(root, **data, **args)`` for one with ``data``. A data file
+or folder that is not there makes ``MissingData``, one line naming the table and the path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ladder_train.bench_schema import read_bench
+
+MANIFEST_FILE = Path(__file__).with_name("manifest.toml")
+
+
+class MissingData(Exception):
+    """A marked table whose data file is not there (yet): one line naming the table and the file."""
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The JSON lines of ``path`` (blank lines skipped)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+READERS: dict[str, Callable[[Path], list[dict]]] = {"json-lines": read_rows, "ladder-bench": read_bench}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One table of the manifest: its builder (``MODULE:FUNCTION`` in this package) and what it reads."""
+
+    name: str
+    builder: str
+    rows: str | None = None
+    reader: str = "json-lines"
+    data: dict[str, str | list[str]] = field(default_factory=dict)
+    args: dict = field(default_factory=dict)
+    written_by: str = ""
+
+    def function(self) -> Callable[..., str]:
+        module, name = self.builder.split(":")
+        return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+
+    def make(self, root: Path) -> str:
+        """The table from its data under ``root``; a data file that is not there raises MissingData."""
+        try:
+            if self.rows is not None:
+                return self.function()(READERS[self.reader](root / self.rows), self.rows, **self.args)
+            return self.function()(root, **self.data, **self.args)
+        except FileNotFoundError as err:
+            raise MissingData(
+                f"table {self.name}: {err.filename} not found (run the command beside the table)"
+            ) from None
+
+
+def load(path: Path = MANIFEST_FILE) -> tuple[tuple[str, ...], dict[str, Entry]]:
+    """The docs the manifest names and its tables by name; an entry with a key Entry does not know is a TypeError."""
+    manifest = tomllib.loads(path.read_text())
+    entries = {name: Entry(name=name, **entry) for name, entry in manifest["tables"].items()}
+    for entry in entries.values():
+        if (entry.rows is None) == (not entry.data) or entry.reader not in READERS:
+            raise ValueError(f"{path}: table {entry.name}: give rows or data (and a known reader)")
+    return tuple(manifest["docs"]), entries
+
+
+DOCS, MANIFEST = load()
+TABLES: dict[str, Callable[[Path], str]] = {name: entry.make for name, entry in MANIFEST.items()}
