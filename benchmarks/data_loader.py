@@ -80,6 +80,51 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def one_repeat(args, cfg: DataConfig, tokenizer, texts: list[str], context: dict) -> list[dict]:
+    """One repeat's rows: the raw tokenizer calls, then a pass of the loader per worker count, each checked against
+    the tokens the raw call counted."""
+    rows = []
+    raw = raw_counts(tokenizer, texts)
+    rates = {name: tokens / seconds for name, (tokens, seconds) in raw.items()}
+    for name, (tokens, seconds) in raw.items():
+        print(f"raw {name:<18} 1 thread   {rates[name]:>12,.0f} tokens/s")
+        rows.append(
+            {
+                **context,
+                "quantity": "raw",
+                "call": name,
+                "workers": None,
+                "tokens": tokens,
+                "seconds": seconds,
+                "tokens_per_s": rates[name],
+            }
+        )
+    for workers in args.workers:
+        tokens, batches, seconds = pipeline_pass(cfg, tokenizer, workers, args.batch_size, args.split)
+        check_delivered(tokens, raw[CALLS[0]][0], workers, args.batch_size, args.seq_len)
+        total = tokens / seconds
+        per_worker = total / max(workers, 1)
+        rows.append(
+            {
+                **context,
+                "quantity": "pipeline",
+                "call": None,
+                "workers": workers,
+                "tokens": tokens,
+                "batches": batches,
+                "seconds": seconds,
+                "tokens_per_s": total,
+            }
+        )
+        print(
+            f"pipeline {workers} worker(s)   total {total:>12,.0f} tokens/s | per worker {per_worker:>10,.0f} "
+            f"tokens/s = {per_worker / rates['encode_batch']:.2f} x encode_batch, "
+            f"{per_worker / rates['encode_batch_fast']:.2f} x encode_batch_fast | {tokens:,} tokens in windows "
+            f"of {args.seq_len + 1}"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per tokenizing process, raw and pipeline alike
@@ -106,46 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     for repeat in range(args.repeats):
         if args.repeats > 1:
             print(f"-- repeat {repeat + 1} of {args.repeats}")
-        raw = raw_counts(tokenizer, texts)
-        rates = {name: tokens / seconds for name, (tokens, seconds) in raw.items()}
-        for name, (tokens, seconds) in raw.items():
-            print(f"raw {name:<18} 1 thread   {rates[name]:>12,.0f} tokens/s")
-            rows.append(
-                {
-                    **context,
-                    "repeat": repeat,
-                    "quantity": "raw",
-                    "call": name,
-                    "workers": None,
-                    "tokens": tokens,
-                    "seconds": seconds,
-                    "tokens_per_s": rates[name],
-                }
-            )
-        for workers in args.workers:
-            tokens, batches, seconds = pipeline_pass(cfg, tokenizer, workers, args.batch_size, args.split)
-            check_delivered(tokens, raw[CALLS[0]][0], workers, args.batch_size, args.seq_len)
-            total = tokens / seconds
-            per_worker = total / max(workers, 1)
-            rows.append(
-                {
-                    **context,
-                    "repeat": repeat,
-                    "quantity": "pipeline",
-                    "call": None,
-                    "workers": workers,
-                    "tokens": tokens,
-                    "batches": batches,
-                    "seconds": seconds,
-                    "tokens_per_s": total,
-                }
-            )
-            print(
-                f"pipeline {workers} worker(s)   total {total:>12,.0f} tokens/s | per worker {per_worker:>10,.0f} "
-                f"tokens/s = {per_worker / rates['encode_batch']:.2f} x encode_batch, "
-                f"{per_worker / rates['encode_batch_fast']:.2f} x encode_batch_fast | {tokens:,} tokens in windows "
-                f"of {args.seq_len + 1}"
-            )
+        rows += one_repeat(args, cfg, tokenizer, texts, {**context, "repeat": repeat})
     append_rows(args.out, rows)
 
 

@@ -1,5 +1,6 @@
 """The package's shape: no import circle (every import counted, inside functions and TYPE_CHECKING blocks too), no
-library module importing the console layer, and modules and functions short enough to read."""
+library module importing the console layer, and modules and functions short enough to read; the repository's code
+beside the package (benchmarks/, tools/) under the same size limits, on floors above the package."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "ladder_train"
+SCANNED = ("ladder_train", "benchmarks", "tools")  # the package, and the repository's code that imports it
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 
@@ -23,8 +25,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def all_modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+def all_modules(roots: tuple[str, ...] = SCANNED) -> dict[str, Path]:
+    return {module_name(path): path for root in roots for path in sorted((REPO / root).rglob("*.py"))}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -107,10 +109,12 @@ def test_no_import_circle():
     assert circles(import_graph()) == []
 
 
-# The floors of docs/design.md's "Where things live": a module imports only downward, a sibling package on its own
+# The floors of README.md's "Where things live": a module imports only downward, a sibling package on its own
 # floor only through its public surface (its __init__), and no packages import each other in a circle.
-TOP, WORK, SERVICES, GROUND = 3, 2, 1, 0
+TOOLS, BENCHMARKS, TOP, WORK, SERVICES, GROUND = 5, 4, 3, 2, 1, 0
 FLOORS = {
+    "tools": TOOLS,  # the repository's own tools (the docs' tables): they read what benchmarks/ write
+    "benchmarks": BENCHMARKS,  # developer benchmarks, on the package's parts
     "ladder_train": TOP,  # the package's face: ladder_train.load_model
     "cli": TOP,
     **dict.fromkeys(["train", "evaluation", "bench", "predict", "report", "study", "demo", "export"], WORK),
@@ -122,8 +126,11 @@ FLOORS = {
 
 
 def unit(module: str) -> str:
-    """The package (or top-level module) a module belongs to: ``ladder_train.data.loader`` -> ``data``."""
+    """The package (or top-level module) a module belongs to: ``ladder_train.data.loader`` -> ``data``; outside the
+    package its folder: ``tools.docs_tables.manifest`` -> ``tools``."""
     parts = module.split(".")
+    if parts[0] != "ladder_train":
+        return parts[0]
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -189,6 +196,25 @@ def test_the_floor_check_finds_upward_sideways_and_unplaced_imports():
     ]
 
 
+def test_the_repository_floors_sit_above_the_package_and_tools_above_benchmarks():
+    graph = {
+        "ladder_train.report.tables": {"tools.docs_tables.manifest"},  # the package never imports the repository's code
+        "benchmarks.loss_ab": {"ladder_train.train.trainer", "tools.docs_tables.bench_tables"},
+        "tools.docs_tables.bench_tables": {"benchmarks.records", "ladder_train.report.tables"},  # downward: fine
+    }
+    assert floor_violations(graph) == {
+        "upward": [
+            "ladder_train.report.tables -> tools.docs_tables.manifest",
+            "benchmarks.loss_ab -> tools.docs_tables.bench_tables",
+        ]
+    }
+    real = import_graph()
+    assert (
+        "benchmarks.records" in real["benchmarks.train_ab"]
+        and "ladder_train.report.tables" in real["tools.docs_tables.bench_tables"]
+    )
+
+
 def test_every_package_is_on_its_floor_and_imports_only_downward_or_a_siblings_surface():
     assert floor_violations(import_graph()) == {}
 
@@ -197,9 +223,10 @@ def test_no_two_packages_import_each_other():
     assert circles(package_graph(import_graph())) == []
 
 
-def test_modules_and_functions_stay_short():
+@pytest.mark.parametrize("root", SCANNED)
+def test_modules_and_functions_stay_short(root):
     long_modules, long_functions = [], []
-    for name, path in all_modules().items():
+    for name, path in all_modules((root,)).items():
         text = path.read_text()
         if len(text.splitlines()) > MAX_MODULE_LINES:
             long_modules.append((name, len(text.splitlines())))
