@@ -1,4 +1,4 @@
-"""Every layout of the layout study on one chart (issue 43): quality against communication and predicted speed.
+"""Every layout of the layout study on one chart: quality against communication and predicted speed.
 
 Quality: a layout's paired difference of the final validation loss to the baseline (standard at the study's depth),
 mean over the seeds with its 95 % t interval (from PAIRS_FOR_AN_INTERVAL pairs), from the committed seed runs.
