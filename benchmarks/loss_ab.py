@@ -8,7 +8,7 @@ vocabulary entries set the time rather than the head's matrix product (dim 16 by
 logits, their log-softmax and its gradient; the compiled loss (inductor, as ``parallel.compile`` compiles it) reads
 the bf16 logits inside its reductions and writes their gradient over them. On the CPU that is an emulation of the
 bytes the GPU's memory moves, on this machine's memory. ``--device cuda`` measures the real thing, and each round's
-peak memory above its inputs (benchmarks/gpu_lease.sh check runs it at the 1.2B's micro-batch 8: 16,384 tokens, dim
+peak memory above its inputs (benchmarks/gpu_lease.sh levers runs it at the 1.2B's micro-batch 8: 16,384 tokens, dim
 2048).
 
 Each variant first runs one untimed call (compilation). Then ``--rounds`` pairs alternate eager and compiled, each
