@@ -39,7 +39,7 @@ from ladder_train.parallel import (
     parallelize,
     resolve_degrees,
 )
-from ladder_train.train.dry_run import unsharded_fits
+from ladder_train.train.memory_plan import unsharded_fits
 from ladder_train.train.optim import build_optimizer, freeze_lower_layers
 
 TITAN_SPEC, TITAN_FLAVOR = "ladder_train_peer", "recipe"  # the train spec and flavour registered with torchtitan

@@ -1,4 +1,4 @@
-"""The memory plan (train/dry_run.py) against what a step holds: each block's saved tensors against autograd's own
+"""The memory plan (train/memory_plan.py) against what a step holds: each block's saved tensors against autograd's own
 record, the whole plan against the peak of a real training step on fake tensors (the real model, FSDP, optimizer and
 micro-batch loop; shapes and storages, no arithmetic), and against the peaks measured on an H100 (docs/results/gpu/)."""
 
@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ladder_train.config import load_config, model_args
 from ladder_train.model import ModelArgs, count_params
-from ladder_train.train.dry_run import GIB, block_bytes_per_token, memory_plan
+from ladder_train.train.memory_plan import GIB, block_bytes_per_token, memory_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURED = ROOT / "docs" / "results" / "gpu" / "h100_2026-11-26_by_hand.jsonl"
@@ -104,7 +104,7 @@ def test_a_compiled_loss_keeps_the_bf16_logits_and_writes_their_gradient_over_th
     from torch._inductor.utils import run_and_get_code
 
     from ladder_train.model import TokenLoss
-    from ladder_train.train.dry_run import activation_bytes
+    from ladder_train.train.memory_plan import activation_bytes
 
     micro, seq, vocab, dim = 2, 64, 1000, 32
     shape = {"vocab_size": vocab, "dim": dim, "n_layers": 1, "n_heads": 2, "ffn_dim": 64, "max_seq_len": seq}

@@ -16,7 +16,7 @@ from dist_utils import run_ranks
 from tiny import tiny_run_config
 
 from ladder_train.config import load_config
-from ladder_train.train.dry_run import dry_run
+from ladder_train.train.memory_plan import dry_run
 from ladder_train.train.optim import lr_factor, resolve_schedule_steps
 
 REPO = Path(__file__).resolve().parents[1]

@@ -110,7 +110,7 @@ def test_the_dry_run_names_the_largest_micro_batch_that_fits_the_gpu():
     from pathlib import Path
 
     from ladder_train.config import load_config, model_args
-    from ladder_train.train.dry_run import GIB, dry_run, memory_plan
+    from ladder_train.train.memory_plan import GIB, dry_run, memory_plan
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / "ladder_3b.yaml")
     lines = dry_run(cfg, "16x8", 80 * GIB).splitlines()

@@ -31,7 +31,7 @@ def cmd_train(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from ..parallel import init_distributed
-    from ..train.dry_run import dry_run
+    from ..train.memory_plan import dry_run
     from ..train.trainer import Trainer
 
     parser = _config_parser("ladder-train")

@@ -13,7 +13,7 @@ class TokenLoss(nn.Module):
     """The summed cross-entropy of the scored labels (not IGNORE_INDEX), from the final hidden states and the head,
     on logits upcast to fp32. A module of its own so that parallel.apply_compile compiles it: inductor then upcasts
     inside the softmax's reductions and keeps only the bf16 logits for the backward, where eager materialises the
-    fp32 logits, their log-softmax and its gradient (dry_run.activation_bytes counts either)."""
+    fp32 logits, their log-softmax and its gradient (memory_plan.activation_bytes counts either)."""
 
     def forward(self, h: torch.Tensor, head: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = F.linear(h, head).float()

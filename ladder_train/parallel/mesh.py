@@ -51,7 +51,7 @@ def init_distributed(
 ) -> RankEnv:
     """Join the process group torchrun set up, or make a group of one, so a single process runs the
     same sharded code path. NCCL with one GPU per process when CUDA is available, gloo on the CPU.
-    The one place a process group is created (train/dry_run.py's fake dry-run group aside).
+    The one place a process group is created (train/memory_plan.py's fake dry-run group aside).
 
     ``timeout_s`` (``parallel.timeout_s``; None = its default) bounds the rendezvous and every collective
     of the default group, stated rather than left to the backend's default (10 min for NCCL).

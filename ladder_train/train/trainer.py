@@ -40,8 +40,8 @@ from ..parallel import (
     resolve_dtype,
 )
 from .chat_steps import EmptyBatches, scored_micro_batches
-from .dry_run import unsharded_fits
 from .evaluator import Evaluator
+from .memory_plan import unsharded_fits
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
 from .micro_batches import accumulate_gradients
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps

@@ -1,7 +1,8 @@
-"""``ladder-train --dry-run``: the mesh, the sharded model and a per-GPU memory estimate, without training.
-
-It builds the real mesh and applies the real ``parallelize`` to a model on the meta device, inside a
-fake process group of the simulated world size, so the Slurm scripts can be checked on a laptop.
+"""The memory plan: the bytes per GPU of a training step at its peak, counted from the config. Every run asks it
+under FSDP (``unsharded_fits``: whether the gradients may stay unsharded over a step's micro-batches), and
+``ladder-train --dry-run`` prints it (``dry_run``: the real mesh and the real ``parallelize`` applied to a model on
+the meta device, inside a fake process group of the simulated world size, so the Slurm scripts can be checked on a
+laptop).
 """
 
 from __future__ import annotations
