@@ -26,9 +26,9 @@ In this order:
   every one of them again right after it with its overrides (e.g. ``parallel.blocks_per_fsdp_unit=4``): a setting's
   before and after side by side on one card; rows carry the variant's overrides.
 - ``--profile``: the first layout and micro-batch again under ``profile.enabled`` (wait 5, warm-up 2, active 3:
-  RUN_DIR/profile/rank0_steps8-10.pt.trace.json), summarised by ``summarize_trace``: the GPU's busy share of the
-  traced span (the union of kernel, memcpy and memset intervals over first start to last end), kernels, copies,
-  memsets and CUDA runtime calls per optimizer step, the top kernels by GPU time.
+  RUN_DIR/profile/rank0_steps8-10.pt.trace.json), summarised by ``ladder_train/train/trace_summary.py``: the GPU's
+  busy share of the traced span (the union of kernel, memcpy and memset intervals over first start to last end),
+  kernels, copies, memsets and CUDA runtime calls per optimizer step, the top kernels by GPU time.
 - ``--big``: ``recipes/ladder_3b.yaml`` (3.5B) at micro-batch 1, global batch 4, eager, 4 steps: peak memory
   against its plan.
 - decode (``--decode-layers 0``: none): ``ladder-bench --model 1.2B --set n_layers=D --tp 1 --compile on`` (prompt
@@ -85,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import peers
+from ladder_train.train.trace_summary import summarize_trace
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_DIR = REPO / ".gpu"
@@ -92,8 +93,6 @@ SHARED = Path(os.environ.get("LADDER_SHARED", REPO.parent / "shared"))
 LAYOUTS = ("standard", "parallel", "ladder")
 # what the parts import that a bare GPU machine may lack (.gpu/whl has the pure-Python ones)
 NEEDED_MODULES = ("torch", "omegaconf", "datasets", "torchdata", "tokenizers", "pyarrow", "numpy", "yaml")
-GPU_EVENTS = {"kernel": "kernels", "gpu_memcpy": "copies", "gpu_memset": "memsets"}
-RUNTIME_EVENTS = ("cuda_runtime", "cuda_driver")
 POLL_S = 0.5
 STOP = threading.Event()  # set on Ctrl-C / SIGTERM: every running part kills its process group
 
@@ -336,60 +335,6 @@ def plan_against(plan: dict[str, float], accumulation: str | None, peak_gib: flo
     elif peak_gib:
         row["plan_rel_error"] = (total - peak_gib) / peak_gib
     return row
-
-
-def busy_time(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of the [start, end) intervals."""
-    busy, current = 0.0, None
-    for start, end in sorted(intervals):
-        if current is None or start > current[1]:
-            if current is not None:
-                busy += current[1] - current[0]
-            current = [start, end]
-        else:
-            current[1] = max(current[1], end)
-    return busy + (current[1] - current[0] if current else 0.0)
-
-
-def summarize_trace(trace: dict | list, top: int = 10) -> dict:
-    """A torch.profiler chrome trace (times in microseconds): the optimizer steps traced (distinct
-    ``ProfilerStep#N``), the GPU's busy share of the span from its first event's start to its last event's end
-    (the union of kernel, memcpy and memset intervals), kernels / copies / memsets / CUDA runtime and driver
-    calls in all and per step, the host's mean step time, and the ``top`` kernels by GPU time."""
-    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
-    complete = [e for e in events if e.get("ph") == "X" and "ts" in e]
-    step_events = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep#")]
-    steps = len({e["name"] for e in step_events})
-    host_steps = [e["dur"] for e in step_events if e.get("cat") == "user_annotation"]
-    gpu = [e for e in complete if e.get("cat") in GPU_EVENTS]
-    counts = {label: sum(e["cat"] == cat for e in gpu) for cat, label in GPU_EVENTS.items()}
-    counts["runtime_calls"] = sum(e.get("cat") in RUNTIME_EVENTS for e in complete)
-    summary = {"steps_traced": steps, **counts}
-    summary.update({f"{k}_per_step": (v / steps if steps else None) for k, v in counts.items()})
-    summary["host_step_ms"] = statistics.mean(host_steps) / 1e3 if host_steps else None
-    if not gpu:
-        return summary | {"busy_share": None, "top_kernels": [], "note": "no GPU events in the trace (a CPU run)"}
-    intervals = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in gpu]
-    span = max(end for _, end in intervals) - min(start for start, _ in intervals)
-    busy = busy_time(intervals)
-    by_name: dict[str, list] = {}
-    for e in gpu:
-        if e["cat"] == "kernel":
-            entry = by_name.setdefault(e["name"], [0.0, 0])
-            entry[0] += float(e.get("dur", 0))
-            entry[1] += 1
-    ranked = sorted(by_name.items(), key=lambda item: -item[1][0])[:top]
-    summary.update(
-        span_ms=span / 1e3,
-        busy_ms=busy / 1e3,
-        busy_share=busy / span if span > 0 else None,
-        gpu_ms={
-            label: sum(float(e.get("dur", 0)) for e in gpu if e["cat"] == cat) / 1e3
-            for cat, label in GPU_EVENTS.items()
-        },
-        top_kernels=[{"name": name[:160], "ms": ms / 1e3, "count": n} for name, (ms, n) in ranked],
-    )
-    return summary
 
 
 def decode_row(bench: dict) -> dict:

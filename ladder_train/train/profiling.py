@@ -7,7 +7,8 @@
   OutOfMemoryError stops the run (open in https://pytorch.org/memory_viz).
 
 The trainer creates a :class:`StepProfiler` as its loop starts, calls ``step`` after every optimizer step and
-``close`` when the loop ends; with nothing enabled each call does nothing.
+``close`` when the loop ends; with nothing enabled each call does nothing. ``trace_summary.py`` reads a trace back
+(the GPU's busy share, kernels and runtime calls per step).
 """
 
 from __future__ import annotations
