@@ -14,8 +14,8 @@ training run's config (its recipe with ``--set`` and its ``--variant``) is loade
 or value the trainer would refuse is one line, ``gpu_check: error: ...``, exit 2, nothing run.
 
 In this order:
-- plans: ``ladder-train ... --dry-run --simulate 1x1`` of every training run; its memory "total" (GiB) with sharded
-  and with unsharded gradient accumulation. CPU only: they run together before anything is measured.
+- plans: ``ladder-train ... --dry-run --simulate 1x1 --json`` of every training run; its memory totals (GiB) with
+  sharded and with unsharded gradient accumulation. CPU only: they run together before anything is measured.
 - ceilings: ``benchmarks/gpu_ceilings.py``, the card's device-to-device copy rate and bf16 matrix-product rate
   (decode's bandwidth and MFU are read against them).
 - training: per layout and micro-batch, ``recipes/{layout}_1b.yaml`` (the 1.2B preset, seq 2048) on the token folder,
@@ -302,21 +302,15 @@ def throughput(rows: list[dict], skip: int) -> dict:
     }
 
 
-PLAN_LINES = {
-    "sharded": r"^memory per GPU\b.*?\btotal ([0-9.]+)",
-    "unsharded": r"^gradient accumulation\b.*?\btotal ([0-9.]+)",
-}
-
-
-def parse_plan(text: str) -> dict[str, float]:
-    """The dry run's totals (GiB): ``sharded`` (the "memory per GPU" line) and ``unsharded`` (its accumulation
-    line), those it printed."""
-    found = {}
-    for mode, pattern in PLAN_LINES.items():
-        match = re.search(pattern, text, re.M)
-        if match:
-            found[mode] = float(match.group(1))
-    return found
+def plan_totals(log_text: str) -> dict[str, float]:
+    """The totals (GiB) of the ``--dry-run --json`` line in a plan's log: ``sharded`` and ``unsharded`` accumulation;
+    {} when it printed none (its log then says why)."""
+    for line in reversed(log_text.splitlines()):
+        if line.startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
+                memory = json.loads(line)["memory_gib"]
+                return {mode: memory[mode] for mode in ("sharded", "unsharded")}
+    return {}
 
 
 def accumulation_of(log_text: str) -> str | None:
@@ -545,7 +539,7 @@ class Plan:
         )
 
     def dry_run(self, part: Part) -> Part:
-        argv = [*part.argv, "--dry-run", "--simulate", "1x1"]
+        argv = [*part.argv, "--dry-run", "--simulate", "1x1", "--json"]
         return Part(f"plan-{part.name}", "plan", argv, self.mode.limits["plan"], self.logs / f"plan-{part.name}.log")
 
 
@@ -627,7 +621,7 @@ def training_row(part: Part, plan_part: Part | None, mode: Mode, on_gpu: bool) -
         **figures,
     }
     plan_text = plan_part.log.read_text(errors="replace") if plan_part and plan_part.log.exists() else ""
-    row.update(plan_against(parse_plan(plan_text), accumulation_of(log_text), row.get("peak_mem_gib"), on_gpu))
+    row.update(plan_against(plan_totals(plan_text), accumulation_of(log_text), row.get("peak_mem_gib"), on_gpu))
     row["error"] = failure(part) or (failure(plan_part) if plan_part else None)
     row.update(part.outcome, command=shlex.join(["python", *part.argv[1:]]), log=part.log.name)
     if plan_part:

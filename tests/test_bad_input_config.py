@@ -82,6 +82,7 @@ def test_the_values_that_look_close_stay_valid():
     [
         (["--gpu-memory", "40"], "--gpu-memory 40.0 only means something with --dry-run"),
         (["--simulate", "2x8"], "--simulate '2x8' only means something with --dry-run"),
+        (["--json"], "--json only means something with --dry-run"),
         (["--dry-run", "--simulate", "0x8"], "--simulate '0x8': NODES and GPUS must be integers >= 1"),
         (["--dry-run", "--simulate", "2x"], "--simulate '2x' must look like NODESxGPUS"),
     ],

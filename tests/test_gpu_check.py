@@ -20,25 +20,21 @@ from ladder_train.model import PRESETS, ModelArgs, count_params
 REPO = Path(__file__).resolve().parents[1]
 
 
-DRY_RUN = """dry run: standard_1b | 1 nodes x 1 GPUs = 1 processes
-mesh (1, 1) (dp_replicate, dp_shard): FSDP
-memory per GPU (GiB): params+grads+adam 18.00 (16 B x 1,208,083,968) | gathered params 0.25 | activations 7.97 \
-(checkpointing: none) | logits 1.50 | total 27.72
-gradient accumulation over 8 micro-batches: unsharded (one gather and one reduction per step) adds 6.50 GiB, total \
-34.22 (parallel.accumulate=auto; auto keeps it where the device holds the total)
-on a 80 GiB GPU, unsharded: the largest micro-batch that fits 90 % of it is 8 (plan 62.63 GiB)
-"""
+DRY_RUN = "$ python -m ladder_train.train ... --dry-run --simulate 1x1 --json\n" + json.dumps(
+    {"run": "standard_1b", "memory_gib": {"states": 18.0, "sharded": 27.72, "unsharded": 34.22}, "micro_batches": 8}
+)
 
 
 def test_the_plan_totals_and_the_accumulation_the_run_used():
-    assert check.parse_plan(DRY_RUN) == {"sharded": 27.72, "unsharded": 34.22}
-    assert check.parse_plan("Traceback ...\nValueError: no") == {}
+    assert check.plan_totals(DRY_RUN) == {"sharded": 27.72, "unsharded": 34.22}
+    assert check.plan_totals("Traceback ...\nValueError: no") == {}
+    assert check.plan_totals('{"memory_gib": {"sharded": 1.0}') == {}  # cut short
     assert check.accumulation_of("mesh (1, 1)\nFSDP gradients: unsharded (one gather and one reduction per step)") == (
         "unsharded"
     )
     assert check.accumulation_of("FSDP gradients: sharded (per micro-batch; auto: ...)\nstep 1") == "sharded"
     assert check.accumulation_of("mesh (1, 1) | 1 processes on cpu") is None
-    plan = check.parse_plan(DRY_RUN)
+    plan = check.plan_totals(DRY_RUN)
     unsharded = check.plan_against(plan, "unsharded", 31.0, on_gpu=True)
     assert unsharded["plan_total_gib"] == 34.22 and unsharded["plan_rel_error"] == pytest.approx(3.22 / 31)
     assert check.plan_against(plan, None, 28.84, on_gpu=True)["plan_rel_error"] == pytest.approx(
@@ -103,7 +99,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     wanted += ["train.max_steps=20", "parallel.compile=true", "eval.at_end=false", "checkpoint.every=0"]
     wanted += ["wandb.mode=disabled", f"run.dir={tmp_path / 'work' / 'train-ladder-mb4'}"]
     assert set(wanted) <= set(ladder4)
-    assert by_name["train-ladder-mb4"].argv == [*ladder4, "--dry-run", "--simulate", "1x1"]
+    assert by_name["train-ladder-mb4"].argv == [*ladder4, "--dry-run", "--simulate", "1x1", "--json"]
     profile = measured[names.index("profile-standard-mb2")].argv
     assert {"profile.enabled=true", "profile.wait=5", "profile.warmup=2", "profile.active=3"} <= set(profile)
     assert "train.max_steps=11" in profile
@@ -144,7 +140,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
     assert [p.info["variant"] for p in trains] == [[], *args.variant]
     assert [check.last_override(p.argv, "parallel.accumulate") for p in trains] == [None, "sharded", "sharded"]
     assert [check.last_override(p.argv, "parallel.blocks_per_fsdp_unit") for p in trains] == [None, None, "4"]
-    assert by_name["train-standard-mb2-v2"].argv[:-3] == trains[2].argv
+    assert by_name["train-standard-mb2-v2"].argv[:-4] == trains[2].argv
     for bad in (
         ["--micro", "3"],
         ["--layouts", "standard,wide"],
@@ -289,7 +285,7 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
         assert set(r["plan"]) == {"sharded", "unsharded"} and r["plan_total_gib"] == r["plan"]["sharded"] >= 0
         assert r["plan_accumulation"] is None and r["plan_rel_error"] is None and "CPU" in r["plan_note"]
         assert r["command"].startswith(f"python -m ladder_train.train --config recipes/{r['layout']}_1b.yaml")
-        assert r["plan_command"].endswith("--dry-run --simulate 1x1")
+        assert r["plan_command"].endswith("--dry-run --simulate 1x1 --json")
 
     profile = rows[3]
     assert (profile["layout"], profile["micro_batch"], profile["profile"]) == ("standard", 2, [1, 1, 3])

@@ -332,3 +332,22 @@ def test_the_committed_h100_peaks_are_those_of_the_logs():
         log = (SHARED_LOGS / row["source"]).read_text()
         peaks = {float(m) for m in re.findall(r"mem ([0-9.]+) GiB", log.split(row["log_section"])[1].split("rc=")[0])}
         assert max(peaks) == row["peak_mem_gib"], row["run"]
+
+
+def test_the_dry_run_json_holds_the_figures_its_text_prints(capsys):
+    """``--dry-run --json``: the plan as one JSON line (benchmarks read it), the same figures as the text."""
+    from ladder_train.cli import main as ladder_train
+    from ladder_train.train.memory_plan import dry_run, plan_summary
+
+    recipe = ROOT / "recipes" / "ladder_3b.yaml"
+    cfg = load_config(recipe)
+    summary = plan_summary(cfg, "16x8", 80 * GIB)
+    assert (summary["mesh"], summary["sharding"], summary["micro_batches"]) == ([16, 8], "HSDP", 4)
+    assert summary["params"] == count_params(model_args(cfg.model))["total"]
+    assert summary["largest_micro_batch"]["unsharded"]["micro_batch"] == 4
+    text = dry_run(cfg, "16x8", 80 * GIB)
+    assert f"| total {summary['memory_gib']['sharded']:.2f}\n" in text
+    assert f"total {summary['memory_gib']['unsharded']:.2f} (parallel.accumulate=auto" in text
+    assert ladder_train(["--config", str(recipe), "--dry-run", "--simulate", "16x8", "--json"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and json.loads(printed[0]) == summary

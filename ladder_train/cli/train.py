@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..config import load_config, model_args, to_yaml
 from .args import Parser, new_output_folder, non_negative_float, positive_float, positive_int
@@ -31,7 +32,7 @@ def cmd_train(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from ..parallel import init_distributed
-    from ..train.memory_plan import dry_run
+    from ..train.memory_plan import plan_summary, plan_text
     from ..train.trainer import Trainer
 
     parser = _config_parser("ladder-train")
@@ -51,7 +52,10 @@ def cmd_train(argv: list[str]) -> int:
         metavar="GIB",
         help="with --dry-run: the GPU memory the largest fitting micro-batch is named for (default 80, an H100)",
     )
+    parser.add_argument("--json", action="store_true", help="with --dry-run: the plan's figures as one JSON line")
     args = parser.parse_args(argv)
+    if args.json and not args.dry_run:
+        parser.error("--json only means something with --dry-run: add it, or leave --json out to train")
     for flag, value in (("--simulate", args.simulate), ("--gpu-memory", args.gpu_memory)):
         if value is not None and not args.dry_run:  # ignored, a full training would start instead of a plan
             parser.error(f"{flag} {value!r} only means something with --dry-run: add it, or leave {flag} out to train")
@@ -61,7 +65,8 @@ def cmd_train(argv: list[str]) -> int:
 
         check_init_source(cfg.checkpoint.init_from, model_args(cfg.model))
     if args.dry_run:
-        print(dry_run(cfg, args.simulate, (args.gpu_memory or 80.0) * 2**30))
+        summary = plan_summary(cfg, args.simulate, (args.gpu_memory or 80.0) * 2**30)
+        print(json.dumps(summary) if args.json else plan_text(summary))
         return 0
     env = init_distributed(cfg.parallel.timeout_s)
     try:

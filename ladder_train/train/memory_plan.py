@@ -1,8 +1,8 @@
 """The memory plan: the bytes per GPU of a training step at its peak, counted from the config. Every run asks it
 under FSDP (``unsharded_fits``: whether the gradients may stay unsharded over a step's micro-batches), and
-``ladder-train --dry-run`` prints it (``dry_run``: the real mesh and the real ``parallelize`` applied to a model on
-the meta device, inside a fake process group of the simulated world size, so the Slurm scripts can be checked on a
-laptop).
+``ladder-train --dry-run`` prints it (``plan_summary``: the real mesh and the real ``parallelize`` applied to a model
+on the meta device, inside a fake process group of the simulated world size, so the Slurm scripts can be checked on a
+laptop; ``dry_run`` its text, ``--dry-run --json`` its figures as one JSON line).
 """
 
 from __future__ import annotations
@@ -173,8 +173,10 @@ def largest_fitting_micro_batch(
     return best
 
 
-def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> str:
-    """The plan as printable text, with the largest micro-batch that fits ``gpu_memory`` bytes."""
+def plan_summary(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> dict:
+    """The dry run's figures (``ladder-train --dry-run --json`` prints them): the world, mesh, model and batch split,
+    the plan's parts and totals in GiB (``memory_gib``: ``sharded`` and ``unsharded`` accumulation), and per
+    accumulation the largest micro-batch whose plan fits 90 % of ``gpu_memory`` bytes (None where none fits)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     nodes, gpus = _simulated_world(simulate)
@@ -183,7 +185,6 @@ def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> 
     batch = BatchSplit(cfg.train.global_batch_size, cfg.train.micro_batch_size, world, cfg.data.seq_len)
     batch.check()
     args = model_args(cfg.model)
-    counts = count_params(args)
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
@@ -191,36 +192,71 @@ def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> 
         model = build_on_meta(args)
         parallelize(model, replace(cfg.parallel, compile=False), mesh, torch.bfloat16)
         local_params = sum(p.to_local().numel() for p in model.parameters())
-        mesh_shape = tuple(mesh.shape)
+        mesh_shape = list(mesh.shape)
     finally:
         dist.destroy_process_group()
 
     plan = memory_plan(cfg, args, local_params, batch.micro_batch, torch.device("cuda"), batch.accumulation)
+    fitting = {}
+    for mode in ("unsharded", "sharded"):
+        found = largest_fitting_micro_batch(cfg, args, local_params, batch.per_rank, gpu_memory, mode == "unsharded")
+        fitting[mode] = found and {"micro_batch": found[0], "total_gib": getattr(found[1], mode) / GIB}
+    return {
+        "run": cfg.run.name,
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "mesh": mesh_shape,
+        "sharding": "HSDP" if replicate > 1 and shard > 1 else "FSDP" if replicate == 1 else "DP",
+        "layout": args.residual,
+        "n_layers": args.n_layers,
+        "dim": args.dim,
+        "params": count_params(args)["total"],
+        "params_per_gpu": local_params,
+        "global_batch": batch.global_batch,
+        "seq_len": batch.seq_len,
+        "tokens_per_step": batch.tokens_per_step,
+        "micro_batch": batch.micro_batch,
+        "micro_batches": batch.accumulation,
+        "activation_checkpoint": cfg.parallel.activation_checkpoint,
+        "accumulate": cfg.parallel.accumulate,
+        "memory_gib": {key: getattr(plan, key) / GIB for key in PLAN_PARTS},
+        "gpu_memory_gib": gpu_memory / GIB,
+        "largest_micro_batch": fitting,
+    }
+
+
+PLAN_PARTS = ("states", "gathered", "activations", "logits", "sharded", "unsharded")
+
+
+def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> str:
+    """The plan as printable text, with the largest micro-batch that fits ``gpu_memory`` bytes."""
+    return plan_text(plan_summary(cfg, simulate, gpu_memory))
+
+
+def plan_text(s: dict) -> str:
+    """``plan_summary``'s figures as ``--dry-run`` prints them."""
+    world, gib, n = s["nodes"] * s["gpus_per_node"], s["memory_gib"], s["micro_batches"]
     lines = [
-        f"dry run: {cfg.run.name} | {nodes} nodes x {gpus} GPUs = {world} processes",
-        f"mesh {mesh_shape} (dp_replicate, dp_shard): {'HSDP' if replicate > 1 and shard > 1 else 'FSDP' if replicate == 1 else 'DP'}",
-        f"model {args.residual} ({args.n_layers} layers, dim {args.dim}): {counts['total']:,} parameters, "
-        f"{local_params:,} per GPU",
-        f"global batch {batch.global_batch} x {batch.seq_len} tokens = {batch.tokens_per_step:,} tokens/step: "
-        f"{world} ranks x {batch.accumulation} micro-batches x {batch.micro_batch}",
-        f"memory per GPU at the step's peak, a backward's start (GiB): params+grads+adam {plan.states / GIB:.2f} "
-        f"(16 B x {local_params:,}) | gathered params {plan.gathered / GIB:.2f} | activations "
-        f"{plan.activations / GIB:.2f} (checkpointing: {cfg.parallel.activation_checkpoint}) | logits "
-        f"{plan.logits / GIB:.2f} | total {plan.sharded / GIB:.2f}",
-        f"gradient accumulation over {batch.accumulation} micro-batches: unsharded (one gather and one reduction "
-        f"per step) adds {plan.unsharded_extra / GIB:.2f} GiB, total {plan.unsharded / GIB:.2f} "
-        f"(parallel.accumulate={cfg.parallel.accumulate}; auto keeps it where the device holds the total)",
+        f"dry run: {s['run']} | {s['nodes']} nodes x {s['gpus_per_node']} GPUs = {world} processes",
+        f"mesh {tuple(s['mesh'])} (dp_replicate, dp_shard): {s['sharding']}",
+        f"model {s['layout']} ({s['n_layers']} layers, dim {s['dim']}): {s['params']:,} parameters, "
+        f"{s['params_per_gpu']:,} per GPU",
+        f"global batch {s['global_batch']} x {s['seq_len']} tokens = {s['tokens_per_step']:,} tokens/step: "
+        f"{world} ranks x {n} micro-batches x {s['micro_batch']}",
+        f"memory per GPU at the step's peak, a backward's start (GiB): params+grads+adam {gib['states']:.2f} "
+        f"(16 B x {s['params_per_gpu']:,}) | gathered params {gib['gathered']:.2f} | activations "
+        f"{gib['activations']:.2f} (checkpointing: {s['activation_checkpoint']}) | logits "
+        f"{gib['logits']:.2f} | total {gib['sharded']:.2f}",
+        f"gradient accumulation over {n} micro-batches: unsharded (one gather and one reduction "
+        f"per step) adds {gib['unsharded'] - gib['sharded']:.2f} GiB, total {gib['unsharded']:.2f} "
+        f"(parallel.accumulate={s['accumulate']}; auto keeps it where the device holds the total)",
     ]
-    for unsharded in (True, False):
-        fitting = largest_fitting_micro_batch(cfg, args, local_params, batch.per_rank, gpu_memory, unsharded)
-        mode = "unsharded" if unsharded else "sharded"
-        if fitting is None:
-            lines.append(f"on a {gpu_memory / GIB:g} GiB GPU, {mode}: no micro-batch fits 90 % of it")
+    for mode, fit in s["largest_micro_batch"].items():
+        if fit is None:
+            lines.append(f"on a {s['gpu_memory_gib']:g} GiB GPU, {mode}: no micro-batch fits 90 % of it")
         else:
-            micro, fit = fitting
-            total = fit.unsharded if unsharded else fit.sharded
             lines.append(
-                f"on a {gpu_memory / GIB:g} GiB GPU, {mode}: the largest micro-batch that fits 90 % of it is {micro} "
-                f"(plan {total / GIB:.2f} GiB)"
+                f"on a {s['gpu_memory_gib']:g} GiB GPU, {mode}: the largest micro-batch that fits 90 % of it is "
+                f"{fit['micro_batch']} (plan {fit['total_gib']:.2f} GiB)"
             )
     return "\n".join(lines)
