@@ -85,6 +85,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks import peers
+from ladder_train.bench.environment import invocation_id
 from ladder_train.train.trace_summary import summarize_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -460,21 +461,18 @@ def git(*args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def environment(argv: list[str], started: datetime.datetime, tiny: bool) -> dict:
-    """Card, driver, torch, CUDA, dates, commit, command and host of this invocation (after the parts ran: asking
-    torch for the card makes a CUDA context)."""
+def environment(argv: list[str], started: datetime.datetime, tiny: bool, module: str = "benchmarks.gpu_check") -> dict:
+    """The library's environment record of this invocation (its id, command, dates, host) with the card, driver,
+    torch, CUDA and commit (after the parts ran: asking torch for the card makes a CUDA context)."""
     import torch
 
-    from benchmarks.records import host
+    from ladder_train.bench import environment as record
 
     smi = {} if tiny else nvidia_smi()
     card = smi.get("card") or (torch.cuda.get_device_name(0) if torch.cuda.is_available() and not tiny else None)
     commit, dirty = project_commit()
     return {
-        "invocation": f"{started:%Y%m%dT%H%M%S}-{os.getpid()}",
-        "command": shlex.join(["python", "-m", "benchmarks.gpu_check", *argv]),
-        "date": started.date().isoformat(),
-        "started": started.isoformat(timespec="seconds"),
+        **record.invocation(["python", "-m", module, *argv], started),
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "mode": "tiny" if tiny else "gpu",
         "device": "cuda" if card else "cpu",
@@ -485,7 +483,7 @@ def environment(argv: list[str], started: datetime.datetime, tiny: bool) -> dict
         "cuda": torch.version.cuda,
         "git_commit": commit,
         "git_dirty": dirty,
-        "host": host(),
+        "host": record.host(),
     }
 
 
@@ -894,8 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     if refused:
         print(f"gpu_check: error: {refused}", file=sys.stderr)
         return 2
-    invocation = f"{started:%Y%m%dT%H%M%S}-{os.getpid()}"
-    logs = args.out / "logs" / invocation
+    logs = args.out / "logs" / invocation_id(started)
     logs.mkdir(parents=True, exist_ok=True)
     work = work_folder(args.tiny)
     plan = Plan(mode, work, logs, data, args)

@@ -138,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         rows = [point_row(part) for part in parts]
         shutil.rmtree(work, ignore_errors=True)
-    env_row = check.environment(argv, started, args.tiny)
-    env_row["command"] = shlex.join(["python", "-m", "benchmarks.gpu_study", *argv])
+    env_row = check.environment(argv, started, args.tiny, module="benchmarks.gpu_study")
     summary = {"env": env_row, "runs": rows}
     (args.out / "gpu_study.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"{'run':<90} {'outcome':<26} {'s':>6}  val loss")

@@ -2,71 +2,30 @@
 
 A row is one measured quantity of one repeat: the figures and their raw inputs (tokens and seconds, per-step
 walls), the invocation it came from (``invocation``: one id per command, ``command``: the command line, ``date`` and
-``started`` in UTC), the machine (``host``: CPU model, cores, threads, library versions) and the settings. The docs'
+``started`` in UTC), the machine (``host``: CPU model, cores, threads, library versions) and the settings; the
+invocation and the machine are the library's environment record (``ladder_train/bench/environment.py``). The docs'
 tables are remade from such files by ``python -m tools.docs_tables --write`` (``tools/docs_tables/bench_tables.py``).
 """
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import os
-import platform
-import shlex
 import sys
 from pathlib import Path
 from typing import NoReturn
 
-import torch
-
-from ladder_train.bench.results import cpu_model
-
-VERSIONS = ("torch", "tokenizers", "datasets", "torchdata", "numpy")
+from ladder_train.bench import environment
 
 
 class BenchmarkError(RuntimeError):
     """A measurement did not do the work it timed."""
 
 
-def versions(names: tuple[str, ...] = VERSIONS) -> dict[str, str | None]:
-    found = {}
-    for name in names:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return found
-
-
-def host() -> dict:
-    """The machine a row was measured on."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": usable,
-        "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "hostname": platform.node(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
-        "versions": versions(),
-    }
-
-
 def invocation(module: str, argv: list[str] | None) -> dict:
-    """The fields every row of one command shares: its id, command line, date and start time, and the host."""
-    started = datetime.datetime.now(datetime.UTC)
+    """The fields every row of one command shares: the library's environment record (its id, command line, date
+    and start time, and the host)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    return {
-        "invocation": f"{started:%Y%m%dT%H%M%S}-{os.getpid()}",
-        "command": shlex.join(["python", "-m", module, *args]),
-        "date": started.date().isoformat(),
-        "started": started.isoformat(timespec="seconds"),
-        "host": host(),
-    }
+    return {**environment.invocation(["python", "-m", module, *args]), "host": environment.host()}
 
 
 def append_rows(path: str | Path | None, rows: list[dict]) -> None:

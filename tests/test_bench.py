@@ -100,6 +100,28 @@ def test_distribution_gives_numpy_percentiles_and_keeps_the_samples_in_run_order
     assert distribution([2.5])["sd"] is None and distribution([2.5])["p99"] == 2.5
 
 
+def test_the_environment_record_tells_invocations_apart_and_names_the_machine():
+    """One record for ladder-bench's rows and the repository's benchmarks: the id holds the start to the microsecond
+    (two invocations of one process in one second differ); date and start are UTC; the host names CPU, threads and
+    versions."""
+    import datetime
+
+    from ladder_train.bench.environment import host, invocation
+
+    started = datetime.datetime(2026, 11, 28, 23, 59, 59, 5, tzinfo=datetime.UTC)
+    record = invocation(["python", "-m", "benchmarks.x", "--out", "a b"], started)
+    assert record == {
+        "invocation": record["invocation"],
+        "command": "python -m benchmarks.x --out 'a b'",
+        "date": "2026-11-28",
+        "started": "2026-11-28T23:59:59+00:00",
+    }
+    assert record["invocation"].startswith("20261128T235959.000005-")
+    assert "command" not in invocation()  # ladder-bench's rows: no command line
+    machine = host()
+    assert machine["cpu_model"] and machine["torch_threads"] >= 1 and machine["versions"]["torch"]
+
+
 def test_latency_note_compares_x_with_the_shorter_module():
     below = latency_note(20.0, {"attention": 30.0, "mlp": 31.0})
     assert below.startswith("Emulated X = 20 ms is 0.67x the shorter module's") and "overlap can hide it all" in below

@@ -4,20 +4,7 @@ the overlap efficiency) and the console table. The rows' fields and their file: 
 
 from __future__ import annotations
 
-import platform
 import statistics
-from pathlib import Path
-
-
-def cpu_model() -> str:
-    """The processor's name (``model name`` of /proc/cpuinfo on Linux), else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def percentile(ordered: list[float], q: float) -> float:

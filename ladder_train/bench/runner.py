@@ -25,7 +25,6 @@ sleeps), so it needs ``--compile off``.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import platform
 import signal
@@ -42,10 +41,11 @@ from ..lifetime import end_with_parent
 from ..option_errors import OptionError
 from ..parallel import free_port, init_distributed
 from .comm_count import all_reduces_per_decode_step
+from .environment import cpu_model, invocation
 from .module_times import module_times_ms, peak_memory
 from .options import COMPILED_WARMUP, BenchOptions, is_saved_model, layout_overrides, measurements
 from .profiling import trace_generations
-from .results import cpu_model, derive, print_table, summarize
+from .results import derive, print_table, summarize
 
 DEFAULT_RUNS = {True: 10, False: 3}  # timed runs per case: on a GPU, on the CPU
 RECORDED_ENV = (
@@ -62,6 +62,8 @@ RECORDED_ENV = (
 
 
 def environment(device: torch.device, tp: int, options: BenchOptions, compiled: bool, dtype) -> dict:
+    """What every row of this invocation shares, flat as bench_schema names it: the invocation and the machine (the
+    environment record of ``environment.py``), the device and NCCL, and the settings."""
     nccl = None
     if device.type == "cuda":
         version = torch.cuda.nccl.version()
@@ -82,16 +84,8 @@ def environment(device: torch.device, tp: int, options: BenchOptions, compiled: 
         "emulated_link_latency_ms": options.link_latency_ms,
         "link_bandwidth_gbs": options.link_bandwidth_gbs,
         "link": "emulated serialised" if options.emulated_link else ("gloo" if device.type == "cpu" else "nccl"),
-        "date": datetime.date.today().isoformat(),
-        **_invocation(),
+        **invocation(),  # its id, date and start (UTC): rows of several invocations in one file told apart by it
     }
-
-
-def _invocation() -> dict:
-    """When this invocation started (UTC) and an id no other invocation shares: the rows of several invocations
-    appended to one file are told apart by it (``report/tp_invocations.py``)."""
-    started = datetime.datetime.now(datetime.UTC)
-    return {"started": started.isoformat(timespec="seconds"), "invocation": f"{started:%Y%m%dT%H%M%S.%f}-{os.getpid()}"}
 
 
 def _sync(device: torch.device):
