@@ -7,11 +7,15 @@ memory per layout and micro-batch against the ``--dry-run`` plan, a profiled ste
         [--set KEY=VALUE ...]
     python -m benchmarks.gpu_check --tiny --out /tmp/gpu-tiny    # the same parts on the CPU with a tiny model
 
-Each part is a subprocess in its own process group with a time limit; the group is killed when the part ends, stops
-early or runs out of time, so no process outlives it (Ctrl-C / SIGTERM stop the running parts the same way).
-Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end. Before any part runs, every
-training run's config (its recipe with ``--set`` and its ``--variant``) is loaded as the trainer would load it: a key
-or value the trainer would refuse is one line, ``gpu_check: error: ...``, exit 2, nothing run.
+Each part is a subprocess in its own process group with a time limit (``benchmarks/parts.py``); the group is killed
+when the part ends, stops early or runs out of time, so no process outlives it (Ctrl-C / SIGTERM stop the running
+parts the same way). Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end. Before
+any part runs, every training run's config (its recipe with ``--set`` and its ``--variant``) is loaded as the trainer
+would load it: a key or value the trainer would refuse is one line, ``gpu_check: error: ...``, exit 2, nothing run.
+Where the rest lives: what runs in which order, ``gpu_plan.py``; the machine (wheels, environment, commit),
+``machine.py``; the rows, ``gpu_rows.py``, on the library's trace summary (``ladder_train/train/trace_summary.py``),
+``ladder-train --dry-run --json`` and environment record (``ladder_train/bench/environment.py``); the table,
+``gpu_table.py``.
 
 In this order:
 - plans: ``ladder-train ... --dry-run --simulate 1x1 --json`` of every training run; its memory totals (GiB) with
@@ -63,660 +67,18 @@ has no GPU events (busy share None, with a note).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import gzip
-import importlib
-import importlib.util
-import json
 import os
-import re
-import shlex
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks import peers
-from ladder_train.bench.environment import invocation_id
-from ladder_train.train.trace_summary import summarize_trace
-
-REPO = Path(__file__).resolve().parents[1]
-GPU_DIR = REPO / ".gpu"
-SHARED = Path(os.environ.get("LADDER_SHARED", REPO.parent / "shared"))
-LAYOUTS = ("standard", "parallel", "ladder")
-# what the parts import that a bare GPU machine may lack (.gpu/whl has the pure-Python ones)
-NEEDED_MODULES = ("torch", "omegaconf", "datasets", "torchdata", "tokenizers", "pyarrow", "numpy", "yaml")
-POLL_S = 0.5
-STOP = threading.Event()  # set on Ctrl-C / SIGTERM: every running part kills its process group
-
-
-# --- what a mode runs ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mode:
-    """The settings of the GPU check or of ``--tiny``."""
-
-    name: str
-    global_batch: int
-    compile: bool
-    skip: int  # steps left out of the medians (compilation, first allocations)
-    profile: tuple[int, int, int]  # profile.wait, warmup, active
-    shrink: tuple[str, ...]  # overrides every training run and plan gets (the tiny model)
-    decode: tuple[str, ...]  # ladder-bench flags beside --set n_layers, --layouts and --out
-    decode_set: tuple[str, ...]
-    ceilings: tuple[str, ...]  # benchmarks/gpu_ceilings.py's sizes
-    big: tuple[str, ...]  # the --big run's own overrides
-    limits: dict = field(default_factory=dict)  # seconds per part kind
-    jobs: int = 1  # measured parts at once (the GPU: one)
-
-
-GPU = Mode(
-    name="gpu",
-    global_batch=16,
-    compile=True,
-    skip=5,
-    profile=(5, 2, 3),
-    shrink=(),
-    decode=tuple("--model 1.2B --compile on --warmup 2 --runs 5 --prompt-len 512 --gen-len 256".split()),
-    decode_set=(),
-    ceilings=(),
-    big=("train.global_batch_size=4", "train.micro_batch_size=1", "train.max_steps=4", "parallel.compile=false"),
-    limits={"plan": 180, "ceilings": 60, "train": 300, "profile": 360, "decode": 420, "big": 300},
-)
-TINY = Mode(
-    name="tiny",
-    global_batch=4,
-    compile=False,
-    skip=1,
-    profile=(1, 1, 3),
-    shrink=("model.preset=tiny", "data.seq_len=64", "data.num_workers=0"),
-    decode=tuple("--model tiny --compile off --warmup 1 --runs 2 --prompt-len 16 --gen-len 8".split()),
-    decode_set=("vocab_size=257",),
-    ceilings=("--copy-mib", "16", "--matmul", "256"),
-    big=("model.preset=small", "train.global_batch_size=4", "train.micro_batch_size=1", "train.max_steps=3"),
-    limits={"plan": 120, "ceilings": 60, "train": 120, "profile": 120, "decode": 120, "big": 120},
-    jobs=3,
-)
-
-
-@dataclass
-class Part:
-    """One subprocess: ``done`` says its work is in (it is then stopped rather than waited for)."""
-
-    name: str
-    kind: str
-    argv: list[str]
-    limit_s: float
-    log: Path
-    done: object = None  # () -> bool
-    info: dict = field(default_factory=dict)
-    outcome: dict = field(default_factory=dict)
-
-
-# --- running parts ------------------------------------------------------------------------------------------------
-
-
-def kill_group(proc: subprocess.Popen, gentle: bool) -> None:
-    """Every process of the part's group: SIGTERM first when ``gentle`` (a time limit), then SIGKILL."""
-    if gentle and proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def run_part(part: Part, env: dict) -> dict:
-    """Runs ``part`` to its end, its ``done`` or its limit; its outcome (rc, timed_out, stopped, wall_s)."""
-    if STOP.is_set():
-        part.outcome = {"rc": None, "timed_out": False, "stopped": False, "interrupted": True, "wall_s": 0.0}
-        return part.outcome
-    start = time.monotonic()
-    rc, timed_out, stopped = None, False, False
-    with open(part.log, "w") as log:
-        log.write("$ " + shlex.join(part.argv) + "\n")
-        log.flush()
-        proc = subprocess.Popen(
-            part.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        while rc is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                rc = proc.wait(timeout=POLL_S)
-                break
-            if STOP.is_set():
-                break
-            if part.done is not None and part.done():
-                stopped = True
-                break
-            if time.monotonic() - start > part.limit_s:
-                timed_out = True
-                break
-    finally:
-        kill_group(proc, gentle=timed_out or STOP.is_set())
-    part.outcome = {
-        "rc": rc,
-        "timed_out": timed_out,
-        "stopped": stopped,
-        "interrupted": rc is None and not (timed_out or stopped),
-        "wall_s": round(time.monotonic() - start, 1),
-    }
-    print(f"  {part.name}: {describe_outcome(part.outcome)} ({part.outcome['wall_s']:.0f} s)", flush=True)
-    return part.outcome
-
-
-def describe_outcome(outcome: dict) -> str:
-    if outcome.get("stopped"):
-        return "done (stopped after its last step)"
-    if outcome.get("timed_out"):
-        return "TIMED OUT"
-    if outcome.get("interrupted"):
-        return "interrupted"
-    return "done" if outcome.get("rc") == 0 else f"FAILED (exit {outcome.get('rc')})"
-
-
-def part_ok(part: Part) -> bool:
-    return part.outcome.get("rc") == 0 or bool(part.outcome.get("stopped"))
-
-
-def run_parts(parts: list[Part], env: dict, jobs: int, start_by: float | None = None) -> None:
-    """``jobs`` parts at once; with ``start_by`` (a time.monotonic() deadline) a part not started by then is not
-    started (its outcome says ``not_started``)."""
-    if not parts:
-        return
-
-    def start(part: Part) -> None:
-        if start_by is not None and time.monotonic() > start_by:
-            part.outcome = {"rc": None, "not_started": True, "wall_s": 0.0}
-        else:
-            run_part(part, env)
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(start, part) for part in parts]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            STOP.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-
-
-def failure(part: Part) -> str | None:
-    """Why a part failed: its outcome and the log's last error line (or last line)."""
-    if part_ok(part):
-        return None
-    lines = [x for x in part.log.read_text(errors="replace").splitlines() if x.strip()] if part.log.exists() else []
-    errors = [x for x in lines if re.search(r"Error|error:|Killed|Traceback", x)]
-    last = (errors or lines or [""])[-1].strip()
-    return f"{describe_outcome(part.outcome)}: {last[:300]}"
-
-
-# --- reading what the parts wrote ---------------------------------------------------------------------------------
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete JSON lines of ``path`` (a line being written is left out); [] when there is no file."""
-    rows = []
-    if path.exists():
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                rows.append(json.loads(line))
-    return rows
-
-
-def logged_steps(metrics: Path) -> list[dict]:
-    return [r for r in read_jsonl(metrics) if "tokens_per_s" in r and "step" in r]
-
-
-def reached_step(metrics: Path, step: int):
-    return lambda: any(r["step"] >= step for r in logged_steps(metrics))
-
-
-def throughput(rows: list[dict], skip: int) -> dict:
-    """Tokens/s median and range, MFU median over the logged steps after ``skip``; the peak memory of all."""
-    if not rows:
-        return {"steps": 0}
-    measured = [r for r in rows if r["step"] > skip] or rows[-1:]
-    tps = [r["tokens_per_s"] for r in measured]
-    mfu = [r["mfu"] for r in measured if r.get("mfu") is not None]
-    return {
-        "steps": max(r["step"] for r in rows),
-        "measured_steps": [measured[0]["step"], measured[-1]["step"]],
-        "tokens_per_s_median": statistics.median(tps),
-        "tokens_per_s_min": min(tps),
-        "tokens_per_s_max": max(tps),
-        "step_time_s_median": statistics.median(r["step_time_s"] for r in measured),
-        "mfu_median": statistics.median(mfu) if mfu else None,
-        "peak_mem_gib": max(r["peak_mem_gib"] for r in rows),
-    }
-
-
-def plan_totals(log_text: str) -> dict[str, float]:
-    """The totals (GiB) of the ``--dry-run --json`` line in a plan's log: ``sharded`` and ``unsharded`` accumulation;
-    {} when it printed none (its log then says why)."""
-    for line in reversed(log_text.splitlines()):
-        if line.startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
-                memory = json.loads(line)["memory_gib"]
-                return {mode: memory[mode] for mode in ("sharded", "unsharded")}
-    return {}
-
-
-def accumulation_of(log_text: str) -> str | None:
-    """The trainer's "FSDP gradients: unsharded|sharded" line; None when the model is not sharded (one CPU process)."""
-    match = re.search(r"^FSDP gradients: (unsharded|sharded)\b", log_text, re.M)
-    return match.group(1) if match else None
-
-
-def plan_against(plan: dict[str, float], accumulation: str | None, peak_gib: float | None, on_gpu: bool) -> dict:
-    total = plan.get(accumulation or "sharded")
-    row = {"plan": plan, "plan_accumulation": accumulation, "plan_total_gib": total, "plan_rel_error": None}
-    if total is None:
-        row["plan_note"] = "no total in the dry run's output"
-    elif not on_gpu:
-        row["plan_note"] = "on the CPU peak memory is the process's peak resident set, not the plan's GPU memory"
-    elif peak_gib:
-        row["plan_rel_error"] = (total - peak_gib) / peak_gib
-    return row
-
-
-def decode_row(bench: dict) -> dict:
-    """A ladder-bench row: TPOT and the weights' read bandwidth, parameters x bytes per parameter / TPOT."""
-    from ladder_train.model import ModelArgs, count_params
-
-    args = ModelArgs(**bench["model_args"])
-    params = count_params(args)["total"]
-    weight_bytes = params * {"bfloat16": 2, "float16": 2, "float32": 4}.get(bench.get("dtype"), 2)
-    tpot_ms = bench["decode_ms_per_token"]
-    return {
-        "kind": "decode",
-        "layout": bench["layout"],
-        "model": bench["model"],
-        "n_layers": args.n_layers,
-        "batch": bench["batch"],
-        "compiled": bench.get("compiled"),
-        "gemv_tuning": bench.get("gemv_tuning"),
-        "dtype": bench.get("dtype"),
-        "prompt_len": bench.get("prompt_len"),
-        "gen_len": bench.get("gen_len"),
-        "tpot_ms": tpot_ms,
-        "tpot_sd_ms": bench.get("tpot_ms", {}).get("sd"),
-        "prefill_ms": bench.get("prefill_ms"),
-        "tokens_per_s": bench.get("tokens_per_s"),
-        "params": params,
-        "weight_bytes": weight_bytes,
-        "bandwidth_gb_s": weight_bytes / (tpot_ms / 1e3) / 1e9,
-        "bench_weight_bytes": bench.get("weight_bytes_per_rank"),
-        "compilations": bench.get("compilations"),
-        "device": bench.get("device"),
-    }
-
-
-# --- the machine --------------------------------------------------------------------------------------------------
-
-
-def install_wheels(wheels: list[Path], site: Path) -> None:
-    """The wheels into ``site`` by pip, offline (``--no-index``), without their dependencies (gpu_prepare.sh fetched
-    each one a bare machine lacks)."""
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
-    command += ["--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"gpu_check: pip could not install {site.parent.name}/whl: {done.stderr.strip()[-300:]}")
-
-
-def ensure_imports(gpu_dir: Path = GPU_DIR) -> Path | None:
-    """What the parts import, from ``gpu_dir``/whl (installed into ``gpu_dir``/site) when the machine lacks it; the
-    site folder the children need on their path, or None."""
-    missing = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
-    if not missing:
-        return None
-    wheels = sorted((gpu_dir / "whl").glob("*.whl"))
-    site = gpu_dir / "site"
-    if wheels:
-        install_wheels(wheels, site)
-        sys.path.insert(0, str(site))
-        importlib.invalidate_caches()
-    still = [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]
-    if still:
-        raise SystemExit(
-            f"gpu_check: cannot import {', '.join(still)}: run `bash benchmarks/gpu_prepare.sh` on the development "
-            f"machine and bring {gpu_dir.name}/ (its whl/) along"
-        )
-    return site
-
-
-def child_env(site: Path | None, tiny: bool) -> dict:
-    env = dict(os.environ)
-    paths = [str(REPO)] + ([str(site)] if site else []) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
-    env.update(
-        PYTHONPATH=os.pathsep.join(paths),
-        WANDB_MODE="disabled",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    if tiny:  # the CPU: every part in one thread, several parts at once
-        env.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    return env
-
-
-def nvidia_smi() -> dict:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return {}
-    query = ["--query-gpu=name,driver_version,memory.total", "--format=csv,noheader,nounits"]
-    try:
-        done = subprocess.run([exe, *query], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    lines = [x for x in done.stdout.splitlines() if x.strip()]
-    if done.returncode != 0 or not lines:
-        return {}
-    name, driver, memory = (x.strip() for x in (lines[0].split(",") + ["", ""])[:3])
-    return {
-        "card": name,
-        "driver": driver,
-        "gpu_memory_mib": int(float(memory)) if memory else None,
-        "gpus": len(lines),
-    }
-
-
-COMMIT_FILE = GPU_DIR / "commit"  # gpu_prepare.sh: the checkout's commit, for a copy of it that is no git checkout
-
-
-def project_commit() -> tuple[str | None, bool | None]:
-    """The project's commit and whether tracked files differ from it: git's when REPO is the top of a git checkout,
-    else what gpu_prepare.sh recorded in .gpu/commit (a copied tree inside another repository must not report that
-    repository's commit)."""
-    top = git("rev-parse", "--show-toplevel")
-    if top is not None and Path(top).resolve() == REPO:
-        status = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "HEAD"), None if status is None else bool(status)
-    try:
-        commit, dirty = COMMIT_FILE.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None, None
-    return commit, dirty == "dirty"
-
-
-def git(*args: str) -> str | None:
-    try:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def environment(argv: list[str], started: datetime.datetime, tiny: bool, module: str = "benchmarks.gpu_check") -> dict:
-    """The library's environment record of this invocation (its id, command, dates, host) with the card, driver,
-    torch, CUDA and commit (after the parts ran: asking torch for the card makes a CUDA context)."""
-    import torch
-
-    from ladder_train.bench import environment as record
-
-    smi = {} if tiny else nvidia_smi()
-    card = smi.get("card") or (torch.cuda.get_device_name(0) if torch.cuda.is_available() and not tiny else None)
-    commit, dirty = project_commit()
-    return {
-        **record.invocation(["python", "-m", module, *argv], started),
-        "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "mode": "tiny" if tiny else "gpu",
-        "device": "cuda" if card else "cpu",
-        "card": card,
-        "driver": smi.get("driver"),
-        "gpu_memory_mib": smi.get("gpu_memory_mib"),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "host": record.host(),
-    }
-
-
-# --- the parts ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Plan:
-    """What one invocation runs, and where."""
-
-    mode: Mode
-    work: Path
-    logs: Path
-    data: list[str]  # data.source / data.tokenizer overrides
-    args: argparse.Namespace
-
-    def train_argv(self, recipe: str, micro: int, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
-        """The trainer's command: each key once, ``extra`` (then the mode's) replacing the common settings."""
-        mode = self.mode
-        common = [
-            *self.data,
-            f"train.global_batch_size={mode.global_batch}",
-            f"train.micro_batch_size={micro}",
-            f"train.max_steps={steps}",
-            "train.log_every=1",
-            "train.schedule.warmup_steps=5",
-            f"parallel.compile={str(mode.compile).lower()}",
-            "eval.at_end=false",
-            "eval.val_every=0",
-            "checkpoint.every=0",
-            "wandb.mode=disabled",
-            f"run.dir={run_dir}",
-            *mode.shrink,
-            *self.args.set,
-            *extra,
-        ]
-        overrides = dict(x.split("=", 1) for x in common)
-        argv = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
-        return argv + [f"{key}={value}" for key, value in overrides.items()]
-
-    def training(self, name: str, kind: str, recipe: str, micro: int, steps: int, extra=()) -> Part:
-        run_dir = self.work / name
-        return Part(
-            name=name,
-            kind=kind,
-            argv=self.train_argv(recipe, micro, steps, run_dir, extra),
-            limit_s=self.mode.limits[kind],
-            log=self.logs / f"{name}.log",
-            done=reached_step(run_dir / "metrics.jsonl", steps),
-            info={"run_dir": run_dir, "micro_batch": micro, "recipe": recipe, "steps": steps},
-        )
-
-    def dry_run(self, part: Part) -> Part:
-        argv = [*part.argv, "--dry-run", "--simulate", "1x1", "--json"]
-        return Part(f"plan-{part.name}", "plan", argv, self.mode.limits["plan"], self.logs / f"plan-{part.name}.log")
-
-
-def build_parts(plan: Plan) -> tuple[list[Part], list[Part], dict[str, Part]]:
-    """(the plans, the measured parts in order, plan of each measured part by name)."""
-    args, mode = plan.args, plan.mode
-    measured: list[Part] = []
-    ceilings_out = plan.work / "ceilings.jsonl"  # the card's copy rate and matrix-product rate, ~10 s
-    ceilings_argv = [sys.executable, "-m", "benchmarks.gpu_ceilings", *mode.ceilings, "--out", str(ceilings_out)]
-    measured.append(Part("ceilings", "ceilings", ceilings_argv, mode.limits["ceilings"], plan.logs / "ceilings.log"))
-    measured[-1].info["out"] = ceilings_out
-    for layout in args.layouts:
-        for micro in args.micro:
-            for i, variant in enumerate([[], *args.variant]):  # side by side: the run as it is, then each variant
-                name = f"train-{layout}-mb{micro}" + (f"-v{i}" if i else "")
-                part = plan.training(name, "train", f"recipes/{layout}_1b.yaml", micro, args.steps, tuple(variant))
-                part.info.update(layout=layout, variant=variant)
-                measured.append(part)
-    if args.profile:
-        wait, warmup, active = mode.profile
-        steps = wait + warmup + active + 1  # the trace is written in step wait+warmup+active; one more, then stop
-        knobs = ("profile.enabled=true", f"profile.wait={wait}", f"profile.warmup={warmup}", f"profile.active={active}")
-        layout, micro = args.layouts[0], args.micro[0]
-        part = plan.training(f"profile-{layout}-mb{micro}", "profile", f"recipes/{layout}_1b.yaml", micro, steps, knobs)
-        part.info.update(layout=layout, profile=list(mode.profile))
-        measured.append(part)
-    # the 3.5B peak before decode: its compile time grows with --decode-layers, the least predictable part
-    if args.big:
-        steps = int(next(x for x in mode.big if x.startswith("train.max_steps=")).split("=")[1])
-        part = plan.training("big-ladder-mb1", "big", "recipes/ladder_3b.yaml", 1, steps, mode.big)
-        part.info["layout"] = "ladder"
-        measured.append(part)
-    measured += peers.parts(plan, Part) if args.peers else []
-    for tuning in args.gemv_tuning if args.decode_layers else ():  # --decode-layers 0: no decode part
-        name = "decode" if tuning == "on" else f"decode-gemv-{tuning}"
-        bench_out = plan.work / f"{name}.jsonl"
-        decode_argv = [
-            sys.executable,
-            "-m",
-            "ladder_train.bench",
-            *mode.decode,
-            "--tp",
-            "1",
-            "--batch-sizes",
-            "1",
-            "--set",
-            f"n_layers={args.decode_layers}",
-            *mode.decode_set,
-            "--layouts",
-            ",".join(args.decode_layouts or args.layouts),
-            "--gemv-tuning",
-            tuning,
-            "--out",
-            str(bench_out),
-        ]
-        measured.append(Part(name, "decode", decode_argv, mode.limits["decode"], plan.logs / f"{name}.log"))
-        measured[-1].info["out"] = bench_out
-    plans = {p.name: plan.dry_run(p) for p in measured if p.kind in ("train", "big")}
-    return list(plans.values()), measured, plans
-
-
-def last_override(argv: list[str], key: str) -> str | None:
-    """The value of the last ``key=value`` in ``argv`` (the one the config keeps)."""
-    values = [x.split("=", 1)[1] for x in argv if x.startswith(key + "=")]
-    return values[-1] if values else None
-
-
-def training_row(part: Part, plan_part: Part | None, mode: Mode, on_gpu: bool) -> dict:
-    log_text = part.log.read_text(errors="replace") if part.log.exists() else ""
-    figures = throughput(logged_steps(part.info["run_dir"] / "metrics.jsonl"), 1 if part.kind == "big" else mode.skip)
-    row = {
-        "kind": part.kind,
-        "layout": part.info["layout"],
-        "recipe": part.info["recipe"],
-        "micro_batch": part.info["micro_batch"],
-        "global_batch": int(last_override(part.argv, "train.global_batch_size")),
-        "compiled": last_override(part.argv, "parallel.compile") == "true",
-        "variant": part.info.get("variant", []),
-        **figures,
-    }
-    plan_text = plan_part.log.read_text(errors="replace") if plan_part and plan_part.log.exists() else ""
-    row.update(plan_against(plan_totals(plan_text), accumulation_of(log_text), row.get("peak_mem_gib"), on_gpu))
-    row["error"] = failure(part) or (failure(plan_part) if plan_part else None)
-    row.update(part.outcome, command=shlex.join(["python", *part.argv[1:]]), log=part.log.name)
-    if plan_part:
-        row["plan_command"] = shlex.join(["python", *plan_part.argv[1:]])
-    return row
-
-
-def profile_row(part: Part, mode: Mode, keep_trace: bool) -> dict:
-    row = training_row(part, None, mode, on_gpu=False)
-    for key in ("plan", "plan_accumulation", "plan_total_gib", "plan_rel_error", "plan_note"):
-        row.pop(key, None)
-    row["profile"] = part.info["profile"]
-    traces = sorted((part.info["run_dir"] / "profile").glob("rank0_steps*.pt.trace.json"))
-    if not traces:
-        row["error"] = row["error"] or "no trace written (RUN_DIR/profile/rank0_steps*.pt.trace.json)"
-        return row
-    row["trace"] = traces[-1].name
-    row.update(summarize_trace(json.loads(traces[-1].read_text())))
-    if keep_trace:
-        kept = part.log.with_name(traces[-1].name + ".gz")
-        with open(traces[-1], "rb") as src, gzip.open(kept, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        row["trace_kept"] = kept.name
-    return row
-
-
-def decode_rows(part: Part) -> list[dict]:
-    rows = [decode_row(r) for r in read_jsonl(part.info["out"])] or [{"kind": "decode"}]
-    error = failure(part) or (None if "tpot_ms" in rows[0] else "no rows from ladder-bench")
-    for row in rows:
-        row.update(error=error, command=shlex.join(["python", *part.argv[1:]]), log=part.log.name, **part.outcome)
-    return rows
-
-
-# --- the table ----------------------------------------------------------------------------------------------------
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x, spec=",.0f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def part_label(row: dict) -> str:
-    """train, big, or train+ where a variant's overrides changed the run (they follow its figures)."""
-    return row["kind"] + ("+" if row.get("variant") else "")
-
-
-def table(rows: list[dict], env: dict) -> str:
-    head = (
-        f"gpu_check ({env['mode']}): {env['card'] or 'CPU: ' + env['host']['cpu_model']} | driver "
-        f"{env['driver'] or '-'} | torch {env['torch']} (CUDA {env['cuda'] or '-'}) | {env['date']} | commit "
-        f"{(env['git_commit'] or '-')[:10]}{' (dirty)' if env['git_dirty'] else ''}"
-    )
-    columns = f"{'part':<8} {'layout':<9} {'mb':>3}  {'tokens/s median (range)':<27} {'MFU':>6} "
-    columns += f"{'peak GiB':>9} {'plan GiB':>9} {'plan err':>8}"
-    lines = [head, columns]
-    for r in rows:
-        if r.get("error"):
-            lines.append(f"{r['kind']:<8} {r.get('layout', '-'):<9} {r.get('micro_batch', '-')!s:>3}  {r['error']}")
-        elif r["kind"] in ("train", "big"):
-            tps = f"{_num(r.get('tokens_per_s_median'))} ({_num(r.get('tokens_per_s_min'))}-{_num(r.get('tokens_per_s_max'))})"
-            lines.append(
-                f"{part_label(r):<8} {r['layout']:<9} {r['micro_batch']:>3}  {tps:<27} {_pct(r.get('mfu_median')):>6} "
-                f"{_num(r.get('peak_mem_gib'), '.2f'):>9} {_num(r['plan_total_gib'], '.2f'):>9} {_pct(r['plan_rel_error']):>8}"
-                + (f"  {', '.join(r['variant'])}" if r.get("variant") else "")
-            )
-        elif r["kind"] == "profile":
-            busy = (
-                f"GPU busy {_pct(r['busy_share'])} of {r['span_ms']:.1f} ms"
-                if r.get("busy_share") is not None
-                else r.get("note", "")
-            )
-            per = f"per step: {_num(r['kernels_per_step'])} kernels, {_num(r['copies_per_step'])} copies, "
-            per += f"{_num(r['memsets_per_step'])} memsets, {_num(r['runtime_calls_per_step'])} runtime calls"
-            host = f"host {_num(r.get('host_step_ms'))} ms a step"
-            lines.append(f"profile  {r['layout']:<9} {r['micro_batch']:>3}  {busy}; {host}; {per}")
-            lines += [f"{'':<24}{k['ms']:10.2f} ms {k['count']:6d}x  {k['name'][:90]}" for k in r["top_kernels"][:5]]
-        elif r["kind"] == "ceilings":
-            lines.append(
-                f"ceilings copy {r['copy_tb_s_median'] * 1e3:,.0f} GB/s (read + written), bf16 matmul "
-                f"{r['matmul']['n']}^3 {r['matmul_tflops_median']:,.1f} TFLOP/s"
-            )
-        elif r["kind"] == "decode":
-            tuned = {True: ", GEMV tuned", False: ", GEMV untuned"}.get(r.get("gemv_tuning"), "")
-            lines.append(
-                f"decode   {r['layout']:<9} {r['batch']:>3}  TPOT {r['tpot_ms']:.3f} ms ({r['n_layers']} layers{tuned}, "
-                f"{r['weight_bytes'] / 1e6:,.1f} MB of weights): {r['bandwidth_gb_s']:,.1f} GB/s"
-            )
-        elif r["kind"] in peers.KINDS:
-            lines.append(peers.table_line(r))
-    return "\n".join(lines)
-
-
-# --- the command --------------------------------------------------------------------------------------------------
+from benchmarks.gpu_plan import GPU, LAYOUTS, TINY, Plan, build_parts, data_overrides
+from benchmarks.gpu_rows import collect
+from benchmarks.gpu_table import table
+from benchmarks.machine import child_env, ensure_imports, environment, work_folder
+from benchmarks.parts import REPO, run_parts, sigterm_interrupts
+from benchmarks.records import append_rows, config_override
 
 
 def names_list(text: str) -> list[str]:
@@ -806,31 +168,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def config_override(text: str) -> str:
-    if "=" not in text or not text.split("=", 1)[0]:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return text
-
-
-def data_overrides(args: argparse.Namespace) -> list[str]:
-    """data.source / data.tokenizer (and the byte tokenizer's vocabulary) of every training run."""
-    if args.tiny:
-        fineweb = SHARED / "data" / "fineweb"
-        source = args.tokens or (str(fineweb) if fineweb.is_dir() else "python-stdlib")
-        tokenizer = args.tokenizer or "byte"
-        return [f"data.source={source}", f"data.tokenizer={tokenizer}"] + (
-            ["model.vocab_size=257"] if tokenizer == "byte" else []
-        )
-    tokens = Path(args.tokens) if args.tokens else GPU_DIR / "tokens"
-    tokenizer = Path(args.tokenizer) if args.tokenizer else GPU_DIR / "tokenizer.json"
-    if not (tokens / "ladder_tokens.json").is_file() or not tokenizer.is_file():
-        raise SystemExit(
-            f"gpu_check: no token folder at {tokens} or no tokenizer at {tokenizer}: run `bash "
-            "benchmarks/gpu_prepare.sh` on the development machine and bring .gpu/ along"
-        )
-    return [f"data.source={tokens.resolve()}", f"data.tokenizer={tokenizer.resolve()}"]
-
-
 def refused_setting(plan: Plan) -> str | None:
     """The first training run whose config the trainer would refuse (a ``--variant`` or ``--set`` key or value), as
     its one line, or None: checked here by ladder_train.config before any part runs, not as FAILED rows later."""
@@ -844,36 +181,6 @@ def refused_setting(plan: Plan) -> str | None:
             except ConfigError as err:
                 return str(err)
     return None
-
-
-def work_folder(tiny: bool) -> Path:
-    """Run folders: /dev/shm when it has room (a stopped 1.2B run may have begun its save), else the temp dir."""
-    shm = Path("/dev/shm")
-    usable = not tiny and shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 32 * 2**30
-    return Path(tempfile.mkdtemp(prefix="gpu_check_", dir=shm if usable else None))
-
-
-def collect(plan: Plan, measured: list[Part], plans: dict[str, Part], on_gpu: bool) -> list[dict]:
-    rows = []
-    for part in measured:
-        if part.kind in ("train", "big"):
-            rows.append(training_row(part, plans.get(part.name), plan.mode, on_gpu))
-        elif part.kind == "profile":
-            rows.append(profile_row(part, plan.mode, plan.args.keep_trace))
-        elif part.kind == "ceilings":
-            found = read_jsonl(part.info["out"]) or [{"kind": "ceilings"}]
-            error = failure(part) or (None if "copy_tb_s_median" in found[0] else "no row from gpu_ceilings")
-            rows.append({**found[0], "error": error, "command": shlex.join(["python", *part.argv[1:]]), **part.outcome})
-        elif part.kind in peers.KINDS:
-            rows += peers.rows(part, failure(part))
-        else:
-            rows += decode_rows(part)
-    peers.add_ratios(rows)
-    return rows
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -892,41 +199,41 @@ def main(argv: list[str] | None = None) -> int:
     if refused:
         print(f"gpu_check: error: {refused}", file=sys.stderr)
         return 2
+    from ladder_train.bench.environment import invocation_id  # the package: after ensure_imports
+
     logs = args.out / "logs" / invocation_id(started)
     logs.mkdir(parents=True, exist_ok=True)
     work = work_folder(args.tiny)
     plan = Plan(mode, work, logs, data, args)
     plan_parts, measured, plans = build_parts(plan)
     env = child_env(site, args.tiny)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        print(
-            f"gpu_check ({mode.name}): {len(plan_parts)} plans, then {len(measured)} parts; logs in {logs}", flush=True
-        )
-        if mode.jobs > 1:
-            run_parts(plan_parts + measured, env, mode.jobs)
-        else:
-            run_parts(plan_parts, env, min(8, os.cpu_count() or 1))
-            run_parts(measured, env, 1)
-        rows = collect(plan, measured, plans, on_gpu=not args.tiny)
-    except KeyboardInterrupt:
-        # an outer time limit (SIGTERM) keeps what finished: the rows of the parts that ran to their end
-        finished = [p for p in measured if p.outcome and not p.outcome.get("interrupted")]
-        rows = collect(plan, finished, plans, on_gpu=not args.tiny)
-        names = ", ".join(p.name for p in measured if p not in finished) or "none"
-        print(f"gpu_check: interrupted; every part's processes stopped; not run to its end: {names}", flush=True)
-        if rows:
-            finish(rows, argv, started, args)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        shutil.rmtree(work, ignore_errors=True)
+    with sigterm_interrupts():
+        try:
+            print(
+                f"gpu_check ({mode.name}): {len(plan_parts)} plans, then {len(measured)} parts; logs in {logs}",
+                flush=True,
+            )
+            if mode.jobs > 1:
+                run_parts(plan_parts + measured, env, mode.jobs)
+            else:
+                run_parts(plan_parts, env, min(8, os.cpu_count() or 1))
+                run_parts(measured, env, 1)
+            rows = collect(measured, plans, mode.skip, on_gpu=not args.tiny, keep_trace=args.keep_trace)
+        except KeyboardInterrupt:
+            # an outer time limit (SIGTERM) keeps what finished: the rows of the parts that ran to their end
+            finished = [p for p in measured if p.outcome and not p.outcome.get("interrupted")]
+            rows = collect(finished, plans, mode.skip, on_gpu=not args.tiny, keep_trace=args.keep_trace)
+            names = ", ".join(p.name for p in measured if p not in finished) or "none"
+            print(f"gpu_check: interrupted; every part's processes stopped; not run to its end: {names}", flush=True)
+            if rows:
+                finish(rows, argv, started, args)
+            return 130
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return finish(rows, argv, started, args)
 
 
 def finish(rows: list[dict], argv: list[str], started: datetime.datetime, args: argparse.Namespace) -> int:
-    from benchmarks.records import append_rows
-
     env = environment(argv, started, args.tiny)
     for row in rows:
         row["env"] = env

@@ -11,7 +11,7 @@ the study runner's (``ladder_train.study``), each trained by ``python -m ladder_
 overrides, then ``train.dtype=bf16`` (a GPU; ``--tiny``: fp32), ``.gpu/fineweb`` and ``.gpu/eval`` for the recipe's
 ``../shared/data/fineweb`` and ``../shared/eval`` where the machine has no ../shared, and every ``--set``. Up to ``--jobs`` trainers share the
 GPU (a 0.9M-parameter model leaves it mostly idle); each is a process group killed at its limit, at the end or on
-SIGTERM (gpu_check's parts). The studies' points start interleaved (each study's first point, then each one's
+SIGTERM (``benchmarks/parts.py``). The studies' points start interleaved (each study's first point, then each one's
 second, ...), so the arms of a comparison stay paired; no point starts after ``--budget-s`` seconds and is then
 reported "not started".
 
@@ -27,15 +27,16 @@ import datetime
 import json
 import shlex
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
 
-from benchmarks import gpu_check as check
+from benchmarks.machine import GPU_DIR, child_env, ensure_imports, environment, work_folder
+from benchmarks.parts import Part, describe_outcome, failure, run_parts, sigterm_interrupts
+from benchmarks.records import config_override, read_jsonl
 
 # the ../shared folders recipes name, and their copies gpu_prepare.sh puts in .gpu/ for a machine without ../shared
-SHARED_COPIES = {"../shared/data/fineweb": check.GPU_DIR / "fineweb", "../shared/eval": check.GPU_DIR / "eval"}
+SHARED_COPIES = {"../shared/data/fineweb": GPU_DIR / "fineweb", "../shared/eval": GPU_DIR / "eval"}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -46,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=None, help="no point starts after this many seconds")
     p.add_argument("--run-limit-s", type=float, default=900, help="one trainer's time limit (default 900)")
     p.add_argument("--tiny", action="store_true", help="on the CPU, fp32, one thread per trainer: a check of this tool")
-    p.add_argument("--set", action="append", default=[], type=check.config_override, metavar="KEY=VALUE")
+    p.add_argument("--set", action="append", default=[], type=config_override, metavar="KEY=VALUE")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be at least 1, got {args.jobs}")
@@ -87,20 +88,16 @@ def machine_overrides(recipe: str, tiny: bool, given: list[str]) -> list[str]:
 
 
 def final_val_loss(run_dir: Path) -> float | None:
-    rows = [r for r in check.read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r]
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val_loss" in r]
     return rows[-1]["val_loss"] if rows else None
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     started = datetime.datetime.now(datetime.UTC)
-    site = check.ensure_imports()
-    work = check.work_folder(args.tiny)
+    site = ensure_imports()
+    work = work_folder(args.tiny)
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     from ladder_train.errors import ConfigError, InputError
@@ -117,28 +114,27 @@ def main(argv: list[str] | None = None) -> int:
         for point in study.points:
             argv_point = [sys.executable, "-m", "ladder_train.train", "--config", recipe]
             argv_point += [*point.run_overrides(study.dir), *extra]
-            part = check.Part(f"{name}/{point.name}", "study", argv_point, args.run_limit_s, logs / f"{point.name}.log")
+            part = Part(f"{name}/{point.name}", "study", argv_point, args.run_limit_s, logs / f"{point.name}.log")
             part.info.update(study=name, run_dir=point.run_dir(study.dir), order=(point.index, len(parts)))
             parts.append(part)
     # the studies' points interleaved (each study's first, then each one's second, ...): a budget that cuts the
     # list leaves whole pairs when the studies are the arms of one comparison
     parts.sort(key=lambda part: part.info["order"][0])
     print(f"gpu_study: {len(parts)} runs of {len(found)} studies, {args.jobs} at once", flush=True)
-    env = check.child_env(site, args.tiny)
+    env = child_env(site, args.tiny)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
-    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        try:
-            check.run_parts(parts, env, args.jobs, start_by=deadline)
-        except KeyboardInterrupt:
-            print("gpu_study: interrupted; every trainer stopped; the finished runs are kept", flush=True)
-        for name, study, _ in found:
-            study.collect(args.out / name)
+        with sigterm_interrupts():
+            try:
+                run_parts(parts, env, args.jobs, start_by=deadline)
+            except KeyboardInterrupt:
+                print("gpu_study: interrupted; every trainer stopped; the finished runs are kept", flush=True)
+            for name, study, _ in found:
+                study.collect(args.out / name)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         rows = [point_row(part) for part in parts]
         shutil.rmtree(work, ignore_errors=True)
-    env_row = check.environment(argv, started, args.tiny, module="benchmarks.gpu_study")
+    env_row = environment(argv, started, args.tiny, module="benchmarks.gpu_study")
     summary = {"env": env_row, "runs": rows}
     (args.out / "gpu_study.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(f"{'run':<90} {'outcome':<26} {'s':>6}  val loss")
@@ -158,7 +154,7 @@ def point_row(part) -> dict:
     elif not started:
         outcome = "not started (budget)"
     else:
-        outcome = check.describe_outcome(part.outcome)
+        outcome = describe_outcome(part.outcome)
     done = finished(run_dir)
     return {
         "run": part.name,
@@ -166,7 +162,7 @@ def point_row(part) -> dict:
         "outcome": outcome,
         "wall_s": part.outcome.get("wall_s", 0.0),
         "final_val_loss": final_val_loss(run_dir) if done else None,
-        "error": check.failure(part) if started and not done else None,
+        "error": failure(part) if started and not done else None,
         "command": shlex.join(["python", *part.argv[1:]]),
     }
 

@@ -39,6 +39,8 @@ import shlex
 import statistics
 import sys
 
+from benchmarks.parts import Part
+
 KINDS = ("peer_train", "bare_loop", "peer_decode")
 LIMITS = {  # seconds per part, by gpu_check's mode
     "gpu": {"peer_train": 300, "bare_loop": 300, "peer_decode": 420},
@@ -74,8 +76,8 @@ def _flag(flags, name: str) -> str:
     return flags[list(flags).index(name) + 1]
 
 
-def parts(plan, part_cls) -> list:
-    """The peers' parts of one invocation (``plan``: gpu_check's Plan; ``part_cls``: its Part): per micro-batch
+def parts(plan) -> list[Part]:
+    """The peers' parts of one invocation (``plan``: gpu_check's ``gpu_plan.Plan``): per micro-batch
     torchtitan (on a GPU) and the bare loop, on the standard recipe with the training row's overrides, then
     transformers' decode with the decode part's model, layers, prompt, new tokens, runs and compile setting (none
     with ``--decode-layers 0``, as there is no decode part)."""
@@ -87,29 +89,27 @@ def parts(plan, part_cls) -> list:
         name = f"titan-standard-mb{micro}"
         if mode.name == "gpu":  # torchtitan trains on CUDA only
             argv = [*RUNS, "titan", *config, "--dump", str(plan.work / name)]
-            found.append(part_cls(name, "peer_train", argv, limits["peer_train"], plan.logs / f"{name}.log"))
+            found.append(Part(name, "peer_train", argv, limits["peer_train"], plan.logs / f"{name}.log"))
             found[-1].info["micro_batch"] = micro
         name, out = f"bare-standard-mb{micro}", plan.work / f"bare-standard-mb{micro}.json"
         argv = [*RUNS, "bare", *config, "--out", str(out)]
-        found.append(part_cls(name, "bare_loop", argv, limits["bare_loop"], plan.logs / f"{name}.log"))
+        found.append(Part(name, "bare_loop", argv, limits["bare_loop"], plan.logs / f"{name}.log"))
         found[-1].info.update(micro_batch=micro, out=out)
     if args.decode_layers:
-        found.append(decode_part(plan, part_cls))
+        found.append(decode_part(plan))
     for part in found:
         part.info.update(skip=args.skip, global_batch=None if part.kind == "peer_decode" else mode.global_batch)
     return found
 
 
-def decode_part(plan, part_cls):
+def decode_part(plan) -> Part:
     decode, out = plan.mode.decode, plan.work / "hf-decode.json"
     argv = [*RUNS, "hf-decode", *(x for flag, theirs in DECODE_FLAGS.items() for x in (flag, _flag(decode, theirs)))]
     argv += ["--layers", str(plan.args.decode_layers)]
     argv += [f"--vocab={x.split('=', 1)[1]}" for x in plan.mode.decode_set if x.startswith("vocab_size=")]
     argv += ["--no-compile"] if _flag(decode, "--compile") == "off" else []
     argv += ["--work", str(plan.work / "hf-decode"), "--out", str(out)]
-    part = part_cls(
-        "hf-decode", "peer_decode", argv, LIMITS[plan.mode.name]["peer_decode"], plan.logs / "hf-decode.log"
-    )
+    part = Part("hf-decode", "peer_decode", argv, LIMITS[plan.mode.name]["peer_decode"], plan.logs / "hf-decode.log")
     part.info.update(micro_batch=None, out=out)
     return part
 

@@ -1,4 +1,5 @@
-"""What every developer benchmark's JSON line carries, and the writer that appends them.
+"""What every developer benchmark's JSON line carries, the writer that appends them and the reader, and the argument
+types the benchmarks share.
 
 A row is one measured quantity of one repeat: the figures and their raw inputs (tokens and seconds, per-step
 walls), the invocation it came from (``invocation``: one id per command, ``command``: the command line, ``date`` and
@@ -9,12 +10,12 @@ tables are remade from such files by ``python -m tools.docs_tables --write`` (``
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import NoReturn
-
-from ladder_train.bench import environment
 
 
 class BenchmarkError(RuntimeError):
@@ -24,6 +25,8 @@ class BenchmarkError(RuntimeError):
 def invocation(module: str, argv: list[str] | None) -> dict:
     """The fields every row of one command shares: the library's environment record (its id, command line, date
     and start time, and the host)."""
+    from ladder_train.bench import environment  # imports torch: gpu_check imports this module before ensure_imports
+
     args = sys.argv[1:] if argv is None else list(argv)
     return {**environment.invocation(["python", "-m", module, *args]), "host": environment.host()}
 
@@ -40,6 +43,16 @@ def append_rows(path: str | Path | None, rows: list[dict]) -> None:
     print(f"appended {len(rows)} rows to {path}")
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The complete JSON lines of ``path`` (a line being written is left out); [] when there is no file."""
+    rows = []
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows
+
+
 def refuse(prog: str, message: str) -> NoReturn:
     """Bad input, before any work: one line ``PROG: error: ...`` and exit 2, as the console scripts do."""
     print(f"{prog}: error: {message}", file=sys.stderr)
@@ -51,6 +64,12 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError(text)
     return value
+
+
+def config_override(text: str) -> str:
+    if "=" not in text or not text.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return text
 
 
 def pair_ratios(rows: list[dict], field: str = "tokens_per_s", over: str = "b", under: str = "a") -> list[float]:

@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.py: the trace summary on a hand-made chrome trace, the plan and metrics readers, the commands
-it would run on a GPU, wheels unpacked for a bare machine, the parts' process groups killed, and ``--tiny`` end to
-end on the CPU."""
+"""benchmarks/gpu_check.py and its modules: the plan and metrics readers (gpu_rows), the commands it would run on a GPU
+(gpu_plan), wheels installed for a bare machine and the commit it records (machine), the parts' process groups killed
+(parts), and ``--tiny`` end to end on the CPU. The trace summary's tests: tests/test_train_trace_summary.py."""
 
 import json
 import os
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_check as check
+from benchmarks import gpu_plan, gpu_rows, machine, parts
 from ladder_train.model import PRESETS, ModelArgs, count_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,23 +27,23 @@ DRY_RUN = "$ python -m ladder_train.train ... --dry-run --simulate 1x1 --json\n"
 
 
 def test_the_plan_totals_and_the_accumulation_the_run_used():
-    assert check.plan_totals(DRY_RUN) == {"sharded": 27.72, "unsharded": 34.22}
-    assert check.plan_totals("Traceback ...\nValueError: no") == {}
-    assert check.plan_totals('{"memory_gib": {"sharded": 1.0}') == {}  # cut short
-    assert check.accumulation_of("mesh (1, 1)\nFSDP gradients: unsharded (one gather and one reduction per step)") == (
-        "unsharded"
-    )
-    assert check.accumulation_of("FSDP gradients: sharded (per micro-batch; auto: ...)\nstep 1") == "sharded"
-    assert check.accumulation_of("mesh (1, 1) | 1 processes on cpu") is None
-    plan = check.plan_totals(DRY_RUN)
-    unsharded = check.plan_against(plan, "unsharded", 31.0, on_gpu=True)
+    assert gpu_rows.plan_totals(DRY_RUN) == {"sharded": 27.72, "unsharded": 34.22}
+    assert gpu_rows.plan_totals("Traceback ...\nValueError: no") == {}
+    assert gpu_rows.plan_totals('{"memory_gib": {"sharded": 1.0}') == {}  # cut short
+    assert gpu_rows.accumulation_of(
+        "mesh (1, 1)\nFSDP gradients: unsharded (one gather and one reduction per step)"
+    ) == ("unsharded")
+    assert gpu_rows.accumulation_of("FSDP gradients: sharded (per micro-batch; auto: ...)\nstep 1") == "sharded"
+    assert gpu_rows.accumulation_of("mesh (1, 1) | 1 processes on cpu") is None
+    plan = gpu_rows.plan_totals(DRY_RUN)
+    unsharded = gpu_rows.plan_against(plan, "unsharded", 31.0, on_gpu=True)
     assert unsharded["plan_total_gib"] == 34.22 and unsharded["plan_rel_error"] == pytest.approx(3.22 / 31)
-    assert check.plan_against(plan, None, 28.84, on_gpu=True)["plan_rel_error"] == pytest.approx(
+    assert gpu_rows.plan_against(plan, None, 28.84, on_gpu=True)["plan_rel_error"] == pytest.approx(
         (27.72 - 28.84) / 28.84
     )
-    on_cpu = check.plan_against(plan, None, 0.4, on_gpu=False)
+    on_cpu = gpu_rows.plan_against(plan, None, 0.4, on_gpu=False)
     assert on_cpu["plan_total_gib"] == 27.72 and on_cpu["plan_rel_error"] is None and "CPU" in on_cpu["plan_note"]
-    assert check.plan_against({}, None, 1.0, on_gpu=True)["plan_total_gib"] is None
+    assert gpu_rows.plan_against({}, None, 1.0, on_gpu=True)["plan_total_gib"] is None
 
 
 def test_throughput_after_the_warm_up_steps(tmp_path):
@@ -54,13 +55,13 @@ def test_throughput_after_the_warm_up_steps(tmp_path):
         for i, (t, m) in enumerate(zip(tps, mfu, strict=True))
     ]
     metrics.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"step": 7, "tokens_p')  # a line being written
-    assert check.reached_step(metrics, 6)() and not check.reached_step(metrics, 7)()
-    figures = check.throughput(check.logged_steps(metrics), skip=2)
+    assert gpu_rows.reached_step(metrics, 6)() and not gpu_rows.reached_step(metrics, 7)()
+    figures = gpu_rows.throughput(gpu_rows.logged_steps(metrics), skip=2)
     assert figures["steps"] == 6 and figures["measured_steps"] == [3, 6]
     assert (figures["tokens_per_s_median"], figures["tokens_per_s_min"], figures["tokens_per_s_max"]) == (350, 200, 600)
     assert figures["mfu_median"] == pytest.approx(0.3)  # of 0.4, 0.2, 0.3 (step 3 has none)
     assert figures["peak_mem_gib"] == 25
-    assert check.throughput([], skip=2) == {"steps": 0}
+    assert gpu_rows.throughput([], skip=2) == {"steps": 0}
 
 
 def test_decode_bandwidth_from_the_parameter_count(shared_dir):
@@ -69,24 +70,24 @@ def test_decode_bandwidth_from_the_parameter_count(shared_dir):
         pytest.skip(f"{path} not found")
     bench = [json.loads(x) for x in path.read_text().splitlines()]
     for b in bench:
-        row = check.decode_row(b)
+        row = gpu_rows.decode_row(b)
         assert row["n_layers"] == 8 and row["params"] == 302_016_000  # 8 blocks and the tied 49,152 x 1,536 embedding
         assert row["weight_bytes"] == 2 * row["params"] == b["weight_bytes_per_rank"]  # bf16
         assert row["bandwidth_gb_s"] == pytest.approx(b["decode_weight_read_gb_s"])
-    standard = check.decode_row(next(b for b in bench if b["layout"] == "standard"))
+    standard = gpu_rows.decode_row(next(b for b in bench if b["layout"] == "standard"))
     assert standard["tpot_ms"] == pytest.approx(0.596, abs=5e-4) and round(standard["bandwidth_gb_s"]) == 1013
 
 
 def test_the_commands_a_gpu_run_would_run(tmp_path):
     args = check.parse_args(["--out", str(tmp_path), "--micro", "2,4", "--profile", "--big"])
-    plan = check.Plan(
-        check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T", "data.tokenizer=/K.json"], args
+    plan = gpu_plan.Plan(
+        gpu_plan.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T", "data.tokenizer=/K.json"], args
     )
-    plans, measured, by_name = check.build_parts(plan)
+    plans, measured, by_name = gpu_plan.build_parts(plan)
     names = [p.name for p in measured]
     assert names == [
         "ceilings",
-        *(f"train-{layout}-mb{mb}" for layout in check.LAYOUTS for mb in (2, 4)),
+        *(f"train-{layout}-mb{mb}" for layout in gpu_plan.LAYOUTS for mb in (2, 4)),
         "profile-standard-mb2",
         "big-ladder-mb1",
         "decode",
@@ -118,28 +119,30 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
             assert (REPO / part.argv[part.argv.index("--config") + 1]).is_file()
     # decode of other layouts than training's, or none
     args = check.parse_args(["--out", str(tmp_path), "--decode-layouts", "standard", "--decode-layers", "40"])
-    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    decode = check.build_parts(plan)[1][-2].argv
+    plan = gpu_plan.Plan(gpu_plan.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    decode = gpu_plan.build_parts(plan)[1][-2].argv
     assert decode[decode.index("--layouts") + 1] == "standard" and "n_layers=40" in decode
     args = check.parse_args(["--out", str(tmp_path), "--decode-layers", "0"])
-    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    assert [p.name for p in check.build_parts(plan)[1]] == ["ceilings"] + [f"train-{x}-mb2" for x in check.LAYOUTS]
+    plan = gpu_plan.Plan(gpu_plan.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    assert [p.name for p in gpu_plan.build_parts(plan)[1]] == ["ceilings"] + [
+        f"train-{x}-mb2" for x in gpu_plan.LAYOUTS
+    ]
     # --set reaches every training run and plan (a before/after of one setting in two invocations)
     args = check.parse_args(["--out", str(tmp_path), "--set", "parallel.accumulate=sharded"])
-    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    _, measured, by_name = check.build_parts(plan)
+    plan = gpu_plan.Plan(gpu_plan.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    _, measured, by_name = gpu_plan.build_parts(plan)
     assert all("parallel.accumulate=sharded" in p.argv for p in measured if p.kind == "train")
     assert all("parallel.accumulate=sharded" in p.argv for p in by_name.values())
     # --variant: each training run again right after it with the variant's overrides; a plan of each
     argv = ["--out", str(tmp_path), "--layouts", "standard", "--variant", "parallel.accumulate=sharded"]
     args = check.parse_args([*argv, "--variant", "parallel.blocks_per_fsdp_unit=4,parallel.accumulate=sharded"])
-    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    _, measured, by_name = check.build_parts(plan)
+    plan = gpu_plan.Plan(gpu_plan.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    _, measured, by_name = gpu_plan.build_parts(plan)
     trains = [p for p in measured if p.kind == "train"]
     assert [p.name for p in trains] == ["train-standard-mb2", "train-standard-mb2-v1", "train-standard-mb2-v2"]
     assert [p.info["variant"] for p in trains] == [[], *args.variant]
-    assert [check.last_override(p.argv, "parallel.accumulate") for p in trains] == [None, "sharded", "sharded"]
-    assert [check.last_override(p.argv, "parallel.blocks_per_fsdp_unit") for p in trains] == [None, None, "4"]
+    assert [gpu_rows.last_override(p.argv, "parallel.accumulate") for p in trains] == [None, "sharded", "sharded"]
+    assert [gpu_rows.last_override(p.argv, "parallel.blocks_per_fsdp_unit") for p in trains] == [None, None, "4"]
     assert by_name["train-standard-mb2-v2"].argv[:-4] == trains[2].argv
     for bad in (
         ["--micro", "3"],
@@ -173,30 +176,43 @@ def test_wheels_are_installed_by_pip_for_a_machine_that_lacks_the_package(tmp_pa
     gpu_dir = tmp_path / ".gpu"
     make_wheel(gpu_dir / "whl")
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(check, "NEEDED_MODULES", ("json", "demo_gpu_pkg"))
-    site = check.ensure_imports(gpu_dir)
+    monkeypatch.setattr(machine, "NEEDED_MODULES", ("json", "demo_gpu_pkg"))
+    site = machine.ensure_imports(gpu_dir)
     assert site == gpu_dir / "site" and str(site) == sys.path[0]
     assert (site / "demo_gpu_pkg" / "__init__.py").read_text() == "VALUE = 7\n"
     assert (site / "demo_gpu_pkg-1.0.dist-info" / "METADATA").is_file()
-    assert check.ensure_imports(gpu_dir) is None  # now importable: nothing to do
-    monkeypatch.setattr(check, "NEEDED_MODULES", ("demo_gpu_pkg_absent",))
+    assert machine.ensure_imports(gpu_dir) is None  # now importable: nothing to do
+    monkeypatch.setattr(machine, "NEEDED_MODULES", ("demo_gpu_pkg_absent",))
     with pytest.raises(SystemExit, match="demo_gpu_pkg_absent.*gpu_prepare.sh"):
-        check.ensure_imports(gpu_dir)
-    env = check.child_env(site, tiny=True)
+        machine.ensure_imports(gpu_dir)
+    env = machine.child_env(site, tiny=True)
     assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO), str(site)] and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_gpu_check_imports_the_package_only_after_it_installed_what_the_machine_lacks():
+    """gpu_check and the modules it imports name no third-party or package module at their top: ensure_imports runs
+    first on a bare machine (the package's own imports may come from .gpu/whl)."""
+    import ast
+
+    for name in ("gpu_check", "gpu_plan", "gpu_rows", "gpu_table", "machine", "parts", "records", "peers"):
+        tree = ast.parse((REPO / "benchmarks" / f"{name}.py").read_text())
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        roots = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
+        roots |= {n.module.split(".")[0] for n in top if isinstance(n, ast.ImportFrom) and n.module}
+        assert roots <= set(sys.stdlib_module_names) | {"__future__", "benchmarks"}, (name, roots)
 
 
 def test_a_copy_outside_git_records_the_commit_gpu_prepare_wrote(tmp_path, monkeypatch):
     """The GPU machine may receive the tree inside another repository: its rows must name this project's commit."""
     commit_file = tmp_path / "commit"
-    monkeypatch.setattr(check, "COMMIT_FILE", commit_file)
-    monkeypatch.setattr(check, "git", lambda *args: {"rev-parse": "/elsewhere"}.get(args[0]))
-    assert check.project_commit() == (None, None)  # nothing recorded: no commit claimed
+    monkeypatch.setattr(machine, "COMMIT_FILE", commit_file)
+    monkeypatch.setattr(machine, "git", lambda *args: {"rev-parse": "/elsewhere"}.get(args[0]))
+    assert machine.project_commit() == (None, None)  # nothing recorded: no commit claimed
     commit_file.write_text("dd36332" + "0" * 33 + " dirty\n")
-    assert check.project_commit() == ("dd36332" + "0" * 33, True)
+    assert machine.project_commit() == ("dd36332" + "0" * 33, True)
     answers = {("rev-parse", "--show-toplevel"): str(REPO), ("rev-parse", "HEAD"): "abc123"}
-    monkeypatch.setattr(check, "git", lambda *args: answers.get(args, ""))
-    assert check.project_commit() == ("abc123", False)  # a checkout: git's own answer, .gpu/commit not read
+    monkeypatch.setattr(machine, "git", lambda *args: answers.get(args, ""))
+    assert machine.project_commit() == ("abc123", False)  # a checkout: git's own answer, .gpu/commit not read
 
 
 def alive(pid: int) -> bool:
@@ -215,12 +231,12 @@ def test_a_part_is_killed_with_its_children_at_its_limit_or_when_its_work_is_in(
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
         f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(120)"
     )
-    env = check.child_env(None, tiny=True)
-    part = check.Part("sleeper", "train", [sys.executable, "-c", code], 3, tmp_path / "sleeper.log")
+    env = machine.child_env(None, tiny=True)
+    part = parts.Part("sleeper", "train", [sys.executable, "-c", code], 3, tmp_path / "sleeper.log")
     start = time.monotonic()
-    outcome = check.run_part(part, env)
-    assert outcome["timed_out"] and not outcome["stopped"] and outcome["rc"] is None and not check.part_ok(part)
-    assert time.monotonic() - start < 30 and "TIMED OUT" in check.failure(part)
+    outcome = parts.run_part(part, env)
+    assert outcome["timed_out"] and not outcome["stopped"] and outcome["rc"] is None and not parts.part_ok(part)
+    assert time.monotonic() - start < 30 and "TIMED OUT" in parts.failure(part)
     parent, child = (int(x) for x in pids.read_text().split())
     deadline = time.monotonic() + 10
     while (alive(parent) or alive(child)) and time.monotonic() < deadline:
@@ -228,9 +244,9 @@ def test_a_part_is_killed_with_its_children_at_its_limit_or_when_its_work_is_in(
     assert not alive(parent) and not alive(child)
 
     pids.unlink()
-    part = check.Part("stopped", "train", [sys.executable, "-c", code], 60, tmp_path / "stopped.log", done=pids.exists)
-    outcome = check.run_part(part, env)
-    assert outcome["stopped"] and not outcome["timed_out"] and check.part_ok(part) and outcome["wall_s"] < 30
+    part = parts.Part("stopped", "train", [sys.executable, "-c", code], 60, tmp_path / "stopped.log", done=pids.exists)
+    outcome = parts.run_part(part, env)
+    assert outcome["stopped"] and not outcome["timed_out"] and parts.part_ok(part) and outcome["wall_s"] < 30
     parent, child = (int(x) for x in pids.read_text().split())
     deadline = time.monotonic() + 10
     while alive(child) and time.monotonic() < deadline:
@@ -276,7 +292,7 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
     assert "ceilings copy " in done.stdout
 
     train = rows[:3]
-    assert [r["layout"] for r in train] == list(check.LAYOUTS)
+    assert [r["layout"] for r in train] == list(gpu_plan.LAYOUTS)
     for r in train:
         assert (r["micro_batch"], r["global_batch"], r["compiled"], r["steps"]) == (2, 4, False, 4)
         assert r["measured_steps"] == [2, 4]
@@ -293,7 +309,7 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
     assert profile["busy_share"] is None and "no GPU events" in profile["note"]
     assert profile["kernels"] == profile["copies"] == 0 and profile["host_step_ms"] > 0
 
-    for r, layout in zip(rows[4:], check.LAYOUTS, strict=True):
+    for r, layout in zip(rows[4:], gpu_plan.LAYOUTS, strict=True):
         args = ModelArgs(**{**PRESETS["tiny"], "vocab_size": 257, "n_layers": 2, "residual": layout})
         assert (r["layout"], r["batch"], r["n_layers"], r["compiled"]) == (layout, 1, 2, False)
         assert r["params"] == count_params(args)["total"]

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_check as check
+from benchmarks import gpu_plan as planning
 from benchmarks import peer_runs as runs
 from benchmarks import peers
 from ladder_train.config import load_config, model_args
@@ -24,8 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 def gpu_plan(tmp_path, *extra):
     argv = ["--out", str(tmp_path), "--layouts", "standard", "--micro", "2,8", "--steps", "14", "--peers"]
     args = check.parse_args([*argv, "--decode-layers", "40", *extra])
-    return check.Plan(
-        check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T", "data.tokenizer=/K.json"], args
+    return planning.Plan(
+        planning.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T", "data.tokenizer=/K.json"], args
     )
 
 
@@ -70,7 +71,7 @@ def test_torchtitan_model_is_ours_with_an_untied_head():
 
 
 def test_the_peers_commands_carry_the_training_rows_settings(tmp_path):
-    _, measured, _ = check.build_parts(gpu_plan(tmp_path))
+    _, measured, _ = planning.build_parts(gpu_plan(tmp_path))
     names = [p.name for p in measured]
     peer_names = ["titan-standard-mb2", "bare-standard-mb2", "titan-standard-mb8", "bare-standard-mb8", "hf-decode"]
     assert names == ["ceilings", "train-standard-mb2", "train-standard-mb8", *peer_names, "decode", "decode-gemv-off"]
@@ -93,16 +94,16 @@ def test_the_peers_commands_carry_the_training_rows_settings(tmp_path):
     assert {key: vars(decode)[key] for key in wanted} == wanted and decode.vocab is None
     # --tiny: no torchtitan (CUDA only), the tiny decode eager with the byte vocabulary; no decode part, no hf-decode
     args = check.parse_args(["--out", str(tmp_path), "--tiny", "--layouts", "standard", "--peers"])
-    plan = check.Plan(check.TINY, tmp_path / "w", tmp_path / "l", ["data.source=python-stdlib"], args)
-    tiny = {p.name: p for p in check.build_parts(plan)[1] if p.kind in peers.KINDS}
+    plan = planning.Plan(planning.TINY, tmp_path / "w", tmp_path / "l", ["data.source=python-stdlib"], args)
+    tiny = {p.name: p for p in planning.build_parts(plan)[1] if p.kind in peers.KINDS}
     assert list(tiny) == ["bare-standard-mb2", "hf-decode"]
     decode = runs.parse_args(tiny["hf-decode"].argv[3:])
     assert (decode.preset, decode.layers, decode.vocab, decode.compile, decode.new) == ("tiny", 2, 257, False, 8)
-    _, measured, _ = check.build_parts(gpu_plan(tmp_path, "--decode-layers", "0"))
+    _, measured, _ = planning.build_parts(gpu_plan(tmp_path, "--decode-layers", "0"))
     assert "hf-decode" not in [p.name for p in measured]
     args = check.parse_args(["--out", str(tmp_path), "--layouts", "standard"])  # without --peers: none
-    plan = check.Plan(check.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
-    assert not any(p.kind in peers.KINDS for p in check.build_parts(plan)[1])
+    plan = planning.Plan(planning.GPU, tmp_path / "work", tmp_path / "logs", ["data.source=/T"], args)
+    assert not any(p.kind in peers.KINDS for p in planning.build_parts(plan)[1])
 
 
 def test_torchtitan_flags_from_the_recipe():
