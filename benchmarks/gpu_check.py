@@ -218,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 run_parts(plan_parts, env, min(8, os.cpu_count() or 1))
                 run_parts(measured, env, 1)
-            rows = collect(measured, plans, mode.skip, on_gpu=not args.tiny, keep_trace=args.keep_trace)
+            rows = collect(measured, plans, args.skip, on_gpu=not args.tiny, keep_trace=args.keep_trace)
         except KeyboardInterrupt:
             # an outer time limit (SIGTERM) keeps what finished: the rows of the parts that ran to their end
             finished = [p for p in measured if p.outcome and not p.outcome.get("interrupted")]
-            rows = collect(finished, plans, mode.skip, on_gpu=not args.tiny, keep_trace=args.keep_trace)
+            rows = collect(finished, plans, args.skip, on_gpu=not args.tiny, keep_trace=args.keep_trace)
             names = ", ".join(p.name for p in measured if p not in finished) or "none"
             print(f"gpu_check: interrupted; every part's processes stopped; not run to its end: {names}", flush=True)
             if rows:
