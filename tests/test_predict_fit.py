@@ -19,7 +19,7 @@ H200 = [GPU / "h200_2026-11-28.jsonl"]
 
 
 def decode_row(n_layers: int, tpot_ms: float, prefill_ms: float, device: str = "NVIDIA H100 80GB HBM3") -> dict:
-    """A row as benchmarks/gpu_check.py's decode_row writes it (the keys ladder-predict reads, and a few more)."""
+    """A row as gpu_check's decode_row (benchmarks/gpu_rows.py) writes it: the keys ladder-predict reads, and more."""
     return {
         "kind": "decode",
         "layout": "standard",

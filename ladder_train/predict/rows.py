@@ -18,7 +18,7 @@ from .shapes import resolve_shape
 
 # the fields of a ladder-bench row (bench_schema.FIELDS) a prediction needs, beside model_args
 BENCH_KEYS = ("layout", "batch", "prompt_len", "gen_len", "decode_ms_per_token", "tp")
-# gpu_check's decode row (benchmarks/gpu_check.py decode_row): what a prediction needs
+# gpu_check's decode row (benchmarks/gpu_rows.py decode_row): what a prediction needs
 DECODE_KEYS = ("layout", "model", "n_layers", "batch", "prompt_len", "gen_len", "tpot_ms")
 COPIED = ("layout", "batch", "prompt_len", "gen_len", "compiled", "prefill_ms", "device", "gemv_tuning", "dtype")
 
