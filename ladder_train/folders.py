@@ -2,6 +2,10 @@
 that decide them, the run a checkpoint belongs to, and a folder's optional JSON files. Reads file names and small
 JSON files only; never weights, never code.
 
+And the one check every reader of a checkpoint or model folder makes before it opens a file (:func:`is_plain_file`):
+a regular file, told from its metadata alone, so that a FIFO, socket or device put where a file belongs is refused
+in one line instead of blocking or acting when opened.
+
 And the one folder lock (:func:`lock_folder`), for a run folder's trainer and ``ladder-data prepare``'s OUT_DIR: a
 POSIX record lock on a file in the folder, which names its holder, and is never opened through a link."""
 
@@ -18,9 +22,10 @@ import time
 from pathlib import Path
 
 from .errors import InputError
-from .model import INDEX_FILE, WEIGHTS_FILE
 
 CONFIG_JSON = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file
 COMPLETE_MARKER = "COMPLETE"  # written last into a checkpoint folder: without it the checkpoint is incomplete
 DCP_METADATA = ".metadata"
 TOKEN_FOLDER_META = "ladder_tokens.json"  # written last by ladder-data prepare
@@ -37,13 +42,52 @@ def folder_kind(path: str | Path) -> str | None:
     ``"checkpoint"`` (a complete training checkpoint: the COMPLETE marker), ``"incomplete checkpoint"`` (DCP files
     without the marker), or None."""
     path = Path(path)
-    if (path / CONFIG_JSON).is_file() and ((path / WEIGHTS_FILE).is_file() or (path / INDEX_FILE).is_file()):
+    if is_plain_file(path / CONFIG_JSON) and (is_plain_file(path / WEIGHTS_FILE) or is_plain_file(path / INDEX_FILE)):
         return "export"
-    if (path / COMPLETE_MARKER).is_file():
+    if is_plain_file(path / COMPLETE_MARKER):
         return "checkpoint"
-    if (path / DCP_METADATA).is_file():
+    if is_plain_file(path / DCP_METADATA):
         return "incomplete checkpoint"
     return None
+
+
+# what a name in a folder may be instead of a regular file, as os.stat's mode tells it
+_NOT_PLAIN = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def is_file_name(name) -> bool:
+    """Whether ``name``, as a file (a manifest, a DCP ``.metadata`` or a shard index) lists another, names a file
+    inside the lister's own folder: no separator, no ``..``, no NUL."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
+def is_plain_file(path: str | Path) -> bool:
+    """Whether a regular file is at ``path``, as ``Path.is_file`` says (False when nothing is there, a dangling link
+    included), but anything else there raises InputError, one line naming the path and what it is: a FIFO, a socket,
+    a device or a directory. Told from ``os.stat`` alone: nothing is opened, so a FIFO cannot block the reader for
+    ever nor a device act. A link is followed and judged by what it points at, wherever that is (a Hugging Face
+    cache's snapshot folder links every file into its ``blobs/``). Every reader of a checkpoint or model folder asks
+    this before it opens a file."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the name
+        return False
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a circle of links
+            return False
+        raise
+    if stat.S_ISREG(mode):
+        return True
+    what = next((name for test, name in _NOT_PLAIN if test(mode)), "not a regular file")
+    through = " (through a symbolic link)" if path.is_symlink() else ""
+    raise InputError(f"{path}: {what}{through}, where a regular file belongs; refused without opening it")
 
 
 def is_token_folder(source) -> bool:
@@ -72,8 +116,8 @@ def run_config_path(checkpoint: str | Path) -> Path:
 
 
 def read_optional_json(path: Path) -> dict:
-    """A folder's optional JSON file: {} when absent; InputError (one line) when unreadable."""
-    if not path.is_file():
+    """A folder's optional JSON file: {} when absent; InputError (one line) when unreadable or no regular file."""
+    if not is_plain_file(path):
         return {}
     try:
         return json.loads(path.read_text())

@@ -3,6 +3,11 @@ exit 2 and one line, ``PROG: error: ...``, naming the culprit (tests/test_cli.py
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from pathlib import Path
+
 import torch
 
 import ladder_train.cli as cli
@@ -38,3 +43,25 @@ def assert_bad_input(prog: str, argv: list[str], named: str, capsys, monkeypatch
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(prog) and ": error: " in lines[0], err
     assert named in lines[0], err
+
+
+@contextlib.contextmanager
+def planted_fifo(path: Path):
+    """``path`` replaced by a FIFO for the block; yields a dict whose ``opened`` says afterwards whether anything in
+    it opened the FIFO. A thread holds the FIFO's writing end open-pending: a reader that opens it is let through at
+    once and reads end of file, so a reader that would wait for ever fails its test instead of hanging it."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    writer = threading.Thread(target=lambda: os.close(os.open(path, os.O_WRONLY)), daemon=True)
+    writer.start()  # its open returns only once a reader has opened the FIFO
+    seen = {"opened": None}
+    try:
+        yield seen
+    finally:
+        writer.join(0.5)
+        seen["opened"] = not writer.is_alive()
+        if writer.is_alive():  # nobody opened it: open the reading end here to let the writer go
+            reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            writer.join(10)
+            os.close(reader)

@@ -1,17 +1,22 @@
 """The folder lock (ladder_train/folders.py lock_folder), the one lock of a run folder and of prepare's OUT_DIR: a
 second holder is refused naming the first, a lock is the process's and not its forked children's, and the lock file is
-never opened through a link."""
+never opened through a link. And the check every reader of a model folder makes before it opens a file
+(``is_plain_file``): anything but a regular file is refused in one line, unopened."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
+from cli_errors import planted_fifo
 
 from ladder_train.errors import InputError
-from ladder_train.folders import LockHeld, lock_folder, lock_holder
+from ladder_train.folders import LockHeld, folder_kind, is_plain_file, lock_folder, lock_holder
 
 NAME = "x.lock"
 
@@ -108,3 +113,51 @@ def test_a_lock_file_that_is_no_plain_file_is_refused_without_blocking(tmp_path)
     (tmp_path / NAME).mkdir()
     with pytest.raises(InputError, match="is not a plain file"):
         lock_holder(tmp_path, NAME)
+
+
+def test_is_plain_file_is_true_for_a_regular_file_or_a_link_to_one_and_false_for_nothing(tmp_path):
+    regular = tmp_path / "config.json"
+    regular.write_text("{}")
+    (tmp_path / "link").symlink_to(regular)  # links are followed: a Hugging Face cache links its files into blobs/
+    (tmp_path / "dangling").symlink_to(tmp_path / "absent")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert is_plain_file(regular) and is_plain_file(str(regular)) and is_plain_file(tmp_path / "link")
+    for nothing in ("absent", "dangling", "loop", "config.json/below"):
+        assert not is_plain_file(tmp_path / nothing), nothing
+
+
+def test_is_plain_file_refuses_a_fifo_socket_device_or_directory_in_one_line_without_opening_it(tmp_path):
+    short = Path(tempfile.mkdtemp(dir="/tmp"))  # a socket's path must fit 108 bytes
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(short / "sock"))
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "to-fifo").symlink_to(tmp_path / "fifo")
+    cases = {
+        short / "sock": "a socket",
+        Path(os.devnull): "a character device",
+        tmp_path / "dir": "a directory",
+        tmp_path / "fifo": "a FIFO (named pipe)",
+        tmp_path / "to-fifo": "a FIFO (named pipe) (through a symbolic link)",
+    }
+    try:
+        with planted_fifo(tmp_path / "fifo") as fifo:
+            for path, what in cases.items():
+                with pytest.raises(InputError) as refused:
+                    is_plain_file(path)
+                assert str(refused.value) == f"{path}: {what}, where a regular file belongs; refused without opening it"
+        assert not fifo["opened"]
+    finally:
+        server.close()
+        (short / "sock").unlink()
+        short.rmdir()
+
+
+@pytest.mark.parametrize(
+    "name, beside",
+    [("config.json", "model.safetensors"), ("model.safetensors", "config.json"), ("COMPLETE", ".metadata")],
+)
+def test_folder_kind_names_a_fifo_where_a_deciding_file_belongs(tmp_path, name, beside):
+    (tmp_path / beside).write_text("{}")
+    with planted_fifo(tmp_path / name) as fifo, pytest.raises(InputError, match=f"^{tmp_path / name}: a FIFO"):
+        folder_kind(tmp_path)
+    assert not fifo["opened"]

@@ -23,15 +23,13 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
+from ..folders import INDEX_FILE, WEIGHTS_FILE, is_file_name, is_plain_file
 from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
 from ..hf import AUTO_MAP, model_file_paths
 from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE
 from .rope import ROPE_SCALING_KEYS
 from .shape_checks import check_model_fields, read_json_object
 from .transformer import ModelArgs, Transformer, build_on_meta
-
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"  # a sharded folder: weight_map of tensor name -> shard file
 
 # project name pattern -> HF name pattern ({i} is the layer index)
 _LAYER_NAMES = {
@@ -192,6 +190,8 @@ def _header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """Tensor name -> (shape, dtype) from one safetensors header (no tensor is read), or one line naming the file."""
     from safetensors import safe_open
 
+    if not is_plain_file(file):  # a FIFO or device raises here, unopened
+        raise InputError(f"{file}: no such file")
     try:
         with safe_open(file, framework="pt") as handle:
             return {k: (tuple(handle.get_slice(k).get_shape()), handle.get_slice(k).get_dtype()) for k in handle.keys()}
@@ -204,15 +204,15 @@ def _weight_map(path: Path) -> tuple[Path, dict[str, Path]]:
     """(the file that lists the tensors, HF tensor name -> the safetensors file holding it), for a single-file or
     a sharded folder. An index may name only plain files inside the folder (no separator, no ``..``) that exist."""
     index = path / INDEX_FILE
-    if not index.is_file():
+    if not is_plain_file(index):
         return path / WEIGHTS_FILE, dict.fromkeys(_header(path / WEIGHTS_FILE), path / WEIGHTS_FILE)
     weight_map = read_json_object(index).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise InputError(f"{index}: weight_map must be an object of tensor name -> shard file name")
     for shard in sorted(set(weight_map.values())):
-        if shard in ("", ".", "..") or "/" in shard or "\\" in shard or "\0" in shard:
+        if not is_file_name(shard):
             raise InputError(f"{index}: shard {shard!r} is not a file name inside the folder")
-        if not (path / shard).is_file():
+        if not is_plain_file(path / shard):
             raise InputError(f"{index}: shard {shard!r} does not exist in {path}")
     return index, {name: path / shard for name, shard in weight_map.items()}
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import InputError
+from ..folders import is_plain_file
 from .desync import desync_problems
 from .rope import ROPE_SCALING_KEYS
 from .transformer import RESIDUAL_LAYOUTS, ModelArgs
@@ -42,7 +43,9 @@ FIELDS = tuple(f.name for f in dataclasses.fields(ModelArgs))
 
 
 def read_json_object(path: Path) -> dict:
-    """A JSON file that must hold an object, or one line naming it."""
+    """A JSON file that must hold an object, or one line naming it (a FIFO, device or directory too, unopened)."""
+    if not is_plain_file(path):
+        raise InputError(f"{path}: no such file")
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as err:  # ValueError: JSONDecodeError, UnicodeDecodeError
