@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import verify_checkpoint
 from ..errors import InputError
 from ..loading import resolve_source
 from ..model import PAPER_LAYOUTS, desync_problems
@@ -89,14 +88,13 @@ def measurements(options: BenchOptions, tp: int) -> list[tuple[str, str]]:
 
 
 def _checked_args(source: str, overrides: dict, tp: int):
-    """The ModelArgs of ``source`` (a preset with ``overrides``), checked for TP ``tp``: a damaged checkpoint or a
-    degree it cannot run fails here in one line, before any rank starts."""
+    """The ModelArgs of ``source`` (a preset with ``overrides``), checked for TP ``tp``: a damaged checkpoint (checked
+    against its manifest by ``resolve_source`` before anything else is read) or a degree it cannot run fails here in
+    one line, before any rank starts."""
     try:
         found = resolve_source(source, **overrides)
         args, kind = found.args, found.kind
         check_tp_degree(args, tp, source)
-        if kind == "checkpoint":  # a damaged checkpoint fails here in one line, before any rank starts
-            verify_checkpoint(Path(source), no_dist=True)
     except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
         raise InputError(str(err)) from None
     for message in desync_problems(args, str) if kind == "preset" else ():  # a folder's are checked as it is read

@@ -1,6 +1,8 @@
 """Checkpoint folders: which ``step-N`` folders exist and are complete (the ``COMPLETE`` marker), and whether
 their files are intact (``MANIFEST.json``: sha256 and size of every file, written before the marker, checked
-on every load). Failures are one-line CheckpointErrors naming the folder and the previous complete one."""
+on every load). Failures are one-line CheckpointErrors naming the folder and the previous complete one; a FIFO,
+device or directory where the manifest or a file it lists belongs is an InputError naming it, found before any file
+is opened (``folders.is_plain_file``)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..errors import RunFailed
-from ..folders import COMPLETE_MARKER
+from ..folders import COMPLETE_MARKER, is_file_name, is_plain_file
 
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -150,38 +152,67 @@ def write_manifest(folder: Path) -> None:
         (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
 
 
+# files this process has checked against a manifest -> (device, inode, size, mtime, the manifest's sha256) then: a
+# command that opens a checkpoint several times (its shape, then its weights) hashes each file once, again if changed
+_VERIFIED: dict[Path, tuple] = {}
+_NOTED: set[Path] = set()  # checkpoints without a manifest this process has said so of
+
+
 def _check_file(folder: Path, name: str, expected: dict) -> str | None:
     path = folder / name
-    if not path.is_file():
+    if not is_plain_file(path):
         return f"{name} is missing"
-    size = path.stat().st_size
-    if size != expected["bytes"]:
-        return f"{name} has {size} bytes, the manifest says {expected['bytes']}"
+    info = path.stat()
+    if info.st_size != expected["bytes"]:
+        return f"{name} has {info.st_size} bytes, the manifest says {expected['bytes']}"
+    stamp = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, expected["sha256"])
+    key = path.resolve()
+    if _VERIFIED.get(key) == stamp:
+        return None
     if _sha256(path) != expected["sha256"]:
         return f"{name} does not match its checksum in {MANIFEST} (corrupted)"
+    _VERIFIED[key] = stamp
     return None
+
+
+def _manifest_files(path: Path) -> tuple[dict, str | None]:
+    """(name -> {bytes, sha256}, None) of a checkpoint's manifest, or ({}, the problem) when it cannot be used. Every
+    name must be a file name inside the folder, and a FIFO, device or directory under one raises InputError: told
+    from the file system's metadata alone, so every rank reaches the same verdict before any file is opened."""
+    try:
+        files = json.loads((path / MANIFEST).read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return {}, f"{MANIFEST} is unreadable ({first_line(err)})"
+    if not isinstance(files, dict):
+        return {}, f"{MANIFEST} is unreadable (its files are a {type(files).__name__}, not an object)"
+    for name in sorted(files):
+        if not is_file_name(name):
+            return {}, f"{MANIFEST} lists {name!r}, not a file name inside the folder"
+        is_plain_file(path / name)  # raises for anything but a regular file or nothing
+    return files, None
 
 
 def verify_checkpoint(path: Path, group=None, no_dist: bool = False) -> None:
     """Check that ``path`` is a complete checkpoint whose files match its manifest, else raise a one-line
-    CheckpointError. With a process group every rank checks a share of the files and all get the verdict.
-    A checkpoint written before manifests existed loads unverified, with a note."""
+    CheckpointError (InputError for a FIFO, device or directory where the manifest or a file it lists belongs). With
+    a process group every rank checks a share of the files and all get the verdict. A checkpoint written before
+    manifests existed loads unverified, with a note. A file is hashed once per process while it stays unchanged."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such folder")
-    if not (path / COMPLETE_MARKER).is_file():
+    if not is_plain_file(path / COMPLETE_MARKER):
         raise CheckpointError(f"{path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)")
     rank, world = (0, 1) if no_dist else group_rank_size(group)
-    manifest = path / MANIFEST
-    if not manifest.is_file():
-        if rank == 0:
+    if not is_plain_file(path / MANIFEST):
+        if rank == 0 and path.resolve() not in _NOTED:
             print(f"note: {path} has no {MANIFEST} (no checksums to verify): loading it unverified", file=sys.stderr)
+            _NOTED.add(path.resolve())
         return
+    files, problem = _manifest_files(path)
+    problems = [problem] if problem else []
     try:
-        files = json.loads(manifest.read_text())["files"]
-        names = sorted(files)
-        problems = [p for name in names[rank::world] if (p := _check_file(path, name, files[name]))]
-    except (ValueError, KeyError, TypeError) as err:
+        problems += [p for name in sorted(files)[rank::world] if (p := _check_file(path, name, files[name]))]
+    except (KeyError, TypeError) as err:
         problems = [f"{MANIFEST} is unreadable ({first_line(err)})"]
     if world > 1:
         problems = _gathered(problems, group)

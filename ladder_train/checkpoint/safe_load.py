@@ -1,7 +1,8 @@
 """Checkpoint entries as data. Written: the ``trainer`` entry as JSON, a rank's entry as ``torch.save`` of plain
 types and tensors. Read without running code: DCP's own readers unpickle ``.metadata`` and every non-tensor
 entry with ``pickle`` / ``torch.load(weights_only=False)``; here both go through restricted loaders that build
-only plain containers, tensors and DCP's metadata classes."""
+only plain containers, tensors and DCP's metadata classes. Nothing is opened before it is known to be a regular
+file inside the folder (``folders.is_plain_file``): a FIFO or device there is refused in one line, never waited on."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
+from ..errors import InputError
+from ..folders import DCP_METADATA, is_file_name, is_plain_file
 from .integrity import (
     checkpoint_failure,
     first_line,
@@ -152,7 +155,9 @@ class _DataOnlyReader(dcp.FileSystemReader):
         rank = kwargs.get("rank")
         if rank is None and self._metadata is not None:  # read up front by load_dcp
             return self._metadata
-        with self.fs.create_stream(self._get_metadata_path(rank), "rb") as stream:
+        path = self._get_metadata_path(rank)
+        is_plain_file(path)  # a FIFO or device raises InputError here, unopened; a missing file fails to open below
+        with self.fs.create_stream(path, "rb") as stream:
             metadata = _MetadataUnpickler(stream).load()
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
@@ -188,6 +193,12 @@ def load_dcp(state: dict, path: Path, group=None, no_dist: bool = False, verify:
     try:
         # read here first: a failure inside dcp.load is logged with a traceback before it is raised
         reader._metadata = reader.read_metadata()
+    except InputError:
+        raise
+    except Exception as err:
+        raise checkpoint_failure(path, describe(err)) from None
+    _check_storage_files(path, reader._metadata)
+    try:
         with warnings.catch_warnings():  # single-process reads (no_dist) on purpose
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(
@@ -199,6 +210,22 @@ def load_dcp(state: dict, path: Path, group=None, no_dist: bool = False, verify:
             )
     except (CheckpointException, Exception) as err:  # CheckpointException is a BaseException
         raise checkpoint_failure(path, describe(err)) from None
+
+
+def _check_storage_files(path: Path, metadata) -> None:
+    """Every file ``.metadata`` says holds an entry is a file name inside the folder and, when there, a regular file
+    (InputError naming it otherwise), all before DCP opens any: a FIFO among them would block the read for ever."""
+    infos = getattr(metadata, "storage_data", None)
+    seen = set()
+    for info in infos.values() if isinstance(infos, dict) else ():
+        name = getattr(info, "relative_path", None)
+        if not is_file_name(name):
+            raise checkpoint_failure(
+                path, f"refused to read it: {DCP_METADATA} names {name!r}, not a file in the folder"
+            )
+        if name not in seen:
+            seen.add(name)
+            is_plain_file(path / name)  # a missing one fails to open in the read, as before
 
 
 def read_trainer_state(path: Path) -> dict:
