@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from ..folders import TOKENIZER_CONFIG, token_text
+from ..folders import TOKENIZER_CONFIG, is_plain_file, token_text
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def load_chat_template(folder: str | Path) -> ChatTemplate:
     """The chat template of a Hugging Face model folder (``chat_template`` of its tokenizer_config.json).
     Raises InputError, one line, when the folder has none."""
     path = Path(folder) / TOKENIZER_CONFIG
-    if not path.is_file():
+    if not is_plain_file(path):
         raise InputError(f"{path}: not found; the chat template is read from a model folder's {TOKENIZER_CONFIG}")
     try:
         config = json.loads(path.read_text())

@@ -13,6 +13,7 @@ from ..folders import (
     GENERATION_CONFIG,
     TOKENIZER_CONFIG,
     folder_kind,
+    is_plain_file,
     read_optional_json,
     run_config_path,
     token_text,
@@ -22,7 +23,7 @@ from ..folders import (
 def checkpoint_run_config(folder: Path):
     """``(path, config)`` of the run a checkpoint folder belongs to, or None (not a checkpoint, or no config)."""
     run_config = run_config_path(folder)
-    if folder_kind(folder) in CHECKPOINT_KINDS and run_config.is_file():
+    if folder_kind(folder) in CHECKPOINT_KINDS and is_plain_file(run_config):
         return run_config, load_config(run_config)
     return None
 
@@ -32,14 +33,14 @@ def run_tokenizer_config_folder(data_cfg) -> Path | None:
     else the folder of a local data.tokenizer file (a model adapted with checkpoint.init_from); None if neither."""
     folders = [Path(data_cfg.chat_template)] if data_cfg.chat_template else []
     folders.append(Path(data_cfg.tokenizer).parent)
-    return next((folder for folder in folders if (folder / TOKENIZER_CONFIG).is_file()), None)
+    return next((folder for folder in folders if is_plain_file(folder / TOKENIZER_CONFIG)), None)
 
 
 def tokenizer_config_folder(model: str | Path) -> Path:
     """Where a saved model's tokenizer_config.json is: in its folder, or for a training checkpoint
     (RUN_DIR/checkpoints/step-N) where its run took it from. The model's own folder when there is none."""
     model = Path(model)
-    if (model / TOKENIZER_CONFIG).is_file():
+    if is_plain_file(model / TOKENIZER_CONFIG):
         return model
     found = checkpoint_run_config(model)
     return (run_tokenizer_config_folder(found[1].data) or model) if found is not None else model

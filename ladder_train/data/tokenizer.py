@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-from ..folders import TOKENIZER_FILE
+from ..folders import TOKENIZER_FILE, is_plain_file
 from .errors import DataError, note
 from .model_files import checkpoint_run_config
 
@@ -51,7 +51,7 @@ def byte_tokenizer() -> Tokenizer:
 def _from_file(path: Path, where: str) -> Tokenizer:
     if path.is_dir():
         path = path / "tokenizer.json"
-    if not path.is_file():
+    if not is_plain_file(path):  # a FIFO or device: one line naming it, unopened
         raise DataError(f"{where}: no such file: {path}")
     try:
         return Tokenizer.from_file(str(path))
@@ -123,7 +123,7 @@ def model_tokenizer(model: str | Path, override: str | None = None) -> tuple[Tok
     if override is not None:
         return load_tokenizer(override, where="--tokenizer"), str(override)
     folder = Path(model)
-    if (folder / TOKENIZER_FILE).is_file():
+    if is_plain_file(folder / TOKENIZER_FILE):
         return load_tokenizer(folder / TOKENIZER_FILE, where=str(folder)), str(folder / TOKENIZER_FILE)
     found = checkpoint_run_config(folder)
     if found is not None:

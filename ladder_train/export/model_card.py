@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from ..folders import is_plain_file
 from ..model import ModelArgs
 from ..model.hf_format import is_llama
 
@@ -49,7 +50,7 @@ def source_license(folder: Path) -> str | None:
     """The ``license`` of a model folder's own card (its README.md metadata block), if it states one. Read as
     plain YAML data (``yaml.safe_load``): a card is data."""
     card = folder / CARD_FILE
-    if not card.is_file():
+    if not is_plain_file(card):
         return None
     match = re.match(r"^---\n(.*?)\n---", card.read_text(errors="replace"), re.S)
     try:

@@ -30,6 +30,7 @@ from ..folders import (
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
     folder_kind,
+    is_plain_file,
     read_optional_json,
     run_config_path,
     token_text,
@@ -59,7 +60,7 @@ def export_checkpoint(
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     model = model_from_checkpoint(checkpoint)
     run_config = run_config_path(checkpoint)
-    cfg = load_config(run_config) if run_config.is_file() else None
+    cfg = load_config(run_config) if is_plain_file(run_config) else None
     clear_previous_export(out_dir, checkpoint)
     tokenizer = _write_run_tokenizer(cfg, out_dir) if cfg else None
     if cfg is None:
@@ -79,7 +80,7 @@ def export_folder(source: Path, out_dir: Path, dtype: torch.dtype = torch.float3
     model = load_model(source)
     clear_previous_export(out_dir, source)
     for name in (TOKENIZER_FILE, TOKENIZER_CONFIG, GENERATION_CONFIG):
-        if (source / name).is_file():
+        if is_plain_file(source / name):
             shutil.copyfile(source / name, out_dir / name)
     tokenizer = _read_tokenizer(out_dir / TOKENIZER_FILE)
     facts = CardFacts(
@@ -207,7 +208,7 @@ def _write_run_tokenizer(cfg, out_dir: Path):
 
 
 def _read_tokenizer(path: Path):
-    if not path.is_file():
+    if not is_plain_file(path):
         print(f"warning: {path.parent} gets no tokenizer.json: the source has none", file=sys.stderr)
         return None
     return load_tokenizer(str(path))
@@ -234,7 +235,7 @@ def _run_facts(checkpoint: Path, cfg, model, name: str, dtype: torch.dtype) -> C
 
 def _run_evals(path: Path) -> tuple[dict, str]:
     """The summary of the run's lm-eval results for this checkpoint's step, and where it came from."""
-    if not path.is_file():
+    if not is_plain_file(path):
         return {}, ""
     record = read_optional_json(path)
     summary = record.get("summary")
