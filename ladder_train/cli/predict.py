@@ -140,7 +140,6 @@ def validate(argv: list[str]) -> int:
 
 def paper(argv: list[str]) -> int:
     """``ladder-predict paper``."""
-    import json
 
     from ..predict import paper_check
     from ..predict.hardware import load_profiles
@@ -160,17 +159,23 @@ def paper(argv: list[str]) -> int:
     result["command"] = " ".join([paper_check.PROG, *argv])
     print(f"{paper_check.PROG}: PREDICTED ({opts.gpu} profile) against the paper's cells\n")
     print(paper_check.markdown(result))
-    if opts.out:
-        with open(opts.out, "w") as f:
+    return _write_json(result, opts.out)
+
+
+def _write_json(result: dict, out: str | None) -> int:
+    """``--out``: the result as JSON, said on the console."""
+    import json
+
+    if out:
+        with open(out, "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
-        print(f"\nwritten to {opts.out}")
+        print(f"\nwritten to {out}")
     return 0
 
 
 def fit(argv: list[str]) -> int:
     """``ladder-predict fit``."""
-    import json
 
     from ..predict import fit as card_fit
     from ..predict.hardware import load_profiles
@@ -187,12 +192,7 @@ def fit(argv: list[str]) -> int:
     result = card_fit.card_check(opts.rows, names(opts.check), load_profiles(opts.profile), sets)
     print(f"{card_fit.PROG}: PREDICTED against the rows' measurements\n")
     print(card_fit.markdown(result))
-    if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        print(f"\nwritten to {opts.out}")
-    return 0
+    return _write_json(result, opts.out)
 
 
 def compare(flags: argparse.Namespace) -> int:
