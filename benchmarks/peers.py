@@ -13,7 +13,7 @@ those with our rows of the same invocation.
   sequence, steps, AdamW, bf16, compile (each block and the loss) and activation checkpointing
   (``peer_runs.titan_flags``). On one GPU torchtitan shards nothing (FSDP only where dp_shard > 1) and trains under
   autocast bf16; the row's ``precision`` says which its log reported. Row: tokens/s of its log lines (median over the
-  steps after ``--skip``), MFU by our formula (``cost.flops_per_token``, the card's peak from ``gpu_cards``), its own
+  steps after ``--skip``), MFU by our formula (``model.flops_per_token``, the card's peak from ``gpu_cards``), its own
   MFU beside, and ours / theirs against the train row of the standard layout at that micro-batch.
 - bare_loop (per ``--micro``): our model wrapped by ``parallelize`` (compile, FSDP2, the micro-batch plan) as the
   trainer builds it, trained by forward, backward, clip and AdamW on batches held in device memory: no loader,

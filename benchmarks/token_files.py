@@ -14,7 +14,7 @@ disk; otherwise the file is read once first (warm). ``--tokens N`` writes a synt
 documents of 1-4,000 tokens) in a temporary folder first.
 
 The GPU side is computed, not measured: the training FLOPs per token of the 1.2B preset at seq_len
-(``model.presets.flops_per_token``: 6 x matmul parameters + attention) and the H100 SXM dense bf16 peak of
+(``model.flops_per_token``: 6 x matmul parameters + attention) and the H100 SXM dense bf16 peak of
 ``predict/hardware.yaml`` at ``--mfu`` (an assumption) give the tokens/s one H100 consumes.
 """
 

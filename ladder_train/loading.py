@@ -26,8 +26,8 @@ from .errors import InputError
 from .folders import COMPLETE_MARKER, folder_kind
 from .model import ModelArgs, Transformer, build_on_meta, preset_args
 from .model.hf_format import INDEX_FILE, WEIGHTS_FILE, args_from_hf_config, export_tensors
+from .model.modules import rope_tables
 from .model.presets import PRESETS
-from .model.rope import rope_tables
 from .model.shape_checks import check_model_fields, read_json_object
 from .model.tp_sharding import KV_WEIGHTS, check_tp_degree, shard_dim, shard_index
 

@@ -39,7 +39,7 @@ def saved_bytes(block: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin:
 
 
 def bf16_block(layout: str, dim: int = 192, heads: int = 3, ffn: int = 512, seq: int = 64):
-    from ladder_train.model.rope import rope_tables
+    from ladder_train.model.modules import rope_tables
     from ladder_train.model.transformer import Block
 
     args = ModelArgs(vocab_size=256, dim=dim, n_layers=2, n_heads=heads, ffn_dim=ffn, max_seq_len=seq, residual=layout)
@@ -63,7 +63,7 @@ def test_a_desync_block_saves_what_the_plan_counts(stream_input, reduces, compil
     from functorch.compile import aot_module, make_boxed_func, min_cut_rematerialization_partition
 
     from ladder_train.model.desync import DesyncBlock
-    from ladder_train.model.rope import rope_tables
+    from ladder_train.model.modules import rope_tables
 
     def no_codegen(graph, inputs):
         return make_boxed_func(graph.forward)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from ladder_train import load_model
 from ladder_train.model import IGNORE_INDEX, ModelArgs, Transformer, count_params, flops_per_token, preset_args
-from ladder_train.model.rope import apply_rope
+from ladder_train.model.modules import apply_rope
 from ladder_train.model.transformer import RMSNorm
 
 TINY = dict(vocab_size=97, dim=32, n_layers=3, n_heads=4, ffn_dim=64, max_seq_len=32)

@@ -11,7 +11,7 @@ from ladder_train.config import ConfigError, load_config
 from ladder_train.errors import InputError
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.desync import reduce_schedule
-from ladder_train.model.rope import apply_rope
+from ladder_train.model.modules import apply_rope
 from ladder_train.model.shape_checks import check_model_fields
 from ladder_train.model.tp_sharding import check_tp_degree, shard_index
 from ladder_train.model.transformer import RMSNorm

@@ -1,12 +1,18 @@
 """The model: one Transformer definition (training and inference), presets and the export format."""
 
-from .cost import count_params, flops_per_token
 from .desync import LAYER_REDUCES, desync_problems
 from .hf_format import INDEX_FILE, WEIGHTS_FILE
-from .loss import IGNORE_INDEX, TokenLoss
-from .modules import NO_COMM, Communicator
+from .modules import IGNORE_INDEX, NO_COMM, Communicator, TokenLoss
 from .presets import PRESETS, preset_args
-from .transformer import PAPER_LAYOUTS, RESIDUAL_LAYOUTS, ModelArgs, Transformer, build_on_meta
+from .transformer import (
+    PAPER_LAYOUTS,
+    RESIDUAL_LAYOUTS,
+    ModelArgs,
+    Transformer,
+    build_on_meta,
+    count_params,
+    flops_per_token,
+)
 
 __all__ = [
     "IGNORE_INDEX",

@@ -27,7 +27,7 @@ from ..folders import INDEX_FILE, WEIGHTS_FILE, is_file_name, is_plain_file
 from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
 from ..hf import AUTO_MAP, model_file_paths
 from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE
-from .rope import ROPE_SCALING_KEYS
+from .modules import ROPE_SCALING_KEYS
 from .shape_checks import check_model_fields, read_json_object
 from .transformer import ModelArgs, Transformer, build_on_meta
 

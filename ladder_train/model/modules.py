@@ -1,5 +1,6 @@
-"""What every block is made of: the RMSNorm, the attention and the SwiGLU MLP (the two *modules* of a layer), and the
-``Communicator`` that turns a module's partial output into the full sum under tensor parallelism.
+"""What every block is made of: the RMSNorm, the attention with its rotary embeddings and the SwiGLU MLP (the two
+*modules* of a layer), the ``Communicator`` that turns a module's partial output into the full sum under tensor
+parallelism, and the trainer's loss on the final hidden states (``TokenLoss``).
 
 The modules see one stream, (batch, seq, dim); the layouts that arrange them are the blocks: ``Block`` in
 transformer.py (standard, parallel, ladder) and ``DesyncBlock`` in desync.py. Each module takes a ``ModelArgs``
@@ -8,12 +9,13 @@ transformer.py (standard, parallel, ladder) and ``DesyncBlock`` in desync.py. Ea
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .kv_cache import KVCache
-from .rope import apply_rope
 
 
 class Communicator:
@@ -69,6 +71,43 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+# rotary position embeddings (rotate-half, the GPT-NeoX / Hugging Face Llama convention) and Llama-3.1's
+# frequency scaling
+ROPE_SCALING_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama-3.1's scaled frequencies (Meta's reference code; transformers' ``rope_type: llama3``): wavelengths
+    longer than the original context / low_freq_factor are divided by ``factor``, shorter than original /
+    high_freq_factor kept, and the band between interpolated linearly in original_context / wavelength."""
+    factor, low, high, original = (float(scaling[k]) for k in ROPE_SCALING_KEYS)
+    wavelen = 2 * math.pi / inv_freq
+    smooth = ((original / wavelen - low) / (high - low)).clamp(0.0, 1.0)
+    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(
+        wavelen < original / high, inv_freq, torch.where(wavelen > original / low, inv_freq / factor, scaled)
+    )
+
+
+def rope_tables(
+    head_dim: int, max_seq_len: int, theta: float, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, shape (max_seq_len, head_dim), for the rotate-half (GPT-NeoX/HF Llama) convention."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (B, heads, T, head_dim) by the angles of its positions (cos, sin: T x head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x * cos + rotated * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -150,3 +189,17 @@ class MLP(nn.Module):
         else:
             gate, up = F.linear(x, self.w_gate_up).split(self.gate_up_rows, dim=-1)
         return self.w_down(F.silu(gate) * up)
+
+
+IGNORE_INDEX = -100  # the label of a token that is not scored (torch's cross_entropy default)
+
+
+class TokenLoss(nn.Module):
+    """The summed cross-entropy of the scored labels (not IGNORE_INDEX), from the final hidden states and the head,
+    on logits upcast to fp32. A module of its own so that parallel.apply_compile compiles it: inductor then upcasts
+    inside the softmax's reductions and keeps only the bf16 logits for the backward, where eager materialises the
+    fp32 logits, their log-softmax and its gradient (memory_plan.activation_bytes counts either)."""
+
+    def forward(self, h: torch.Tensor, head: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(h, head).float()
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..folders import is_plain_file
 from .desync import desync_problems
-from .rope import ROPE_SCALING_KEYS
+from .modules import ROPE_SCALING_KEYS
 from .transformer import RESIDUAL_LAYOUTS, ModelArgs
 
 # The largest tensor a model may have, in elements, counted whole (before any TP slice): 2**34 = 17.2 G elements,

@@ -11,7 +11,8 @@ layouts (docs/design.md has the equations):
 
 ``Block`` holds these three; the fourth, desync (built for TP degree t: each rank keeps its own stream and
 all-reduces only where a pattern says), is its own block class, ``DesyncBlock`` in model/desync.py. The modules
-the blocks are made of (norm, attention, MLP) are in model/modules.py.
+the blocks are made of (norm, attention with its rotary tables, MLP) and the loss are in model/modules.py; the
+parameter count and FLOPs per token of a shape (``count_params``, ``flops_per_token``) end this file.
 
 Every module output is a *partial sum* under tensor parallelism. The single place where it becomes a
 full sum is ``self.comm`` (a :class:`Communicator`): ``comm.reduce(x)`` starts the reduction and
@@ -30,9 +31,7 @@ from torch import nn
 
 from .desync import DesyncBlock, reduce_schedule
 from .kv_cache import KVCache
-from .loss import TokenLoss
-from .modules import MLP, NO_COMM, Attention, Communicator, RMSNorm
-from .rope import rope_tables
+from .modules import MLP, NO_COMM, Attention, Communicator, RMSNorm, TokenLoss, rope_tables
 
 RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder", "desync")
 # the layouts that need no further field: what the demo, the benchmark and the predictor run by default
@@ -266,3 +265,35 @@ def build_on_meta(args: ModelArgs) -> Transformer:
     gives it storage, and its weights come from ``init_weights``, a sharded init or a loaded state."""
     with torch.device("meta"):
         return Transformer(args)
+
+
+# a model's size and training cost from its shape alone (no allocation): the dry run, the meter's MFU, the predictor
+
+
+def count_params(args: ModelArgs) -> dict[str, int]:
+    """Parameter counts from the shape alone (no allocation). A tied head is the embedding, counted once; an
+    untied head counts as a second embedding-sized matrix."""
+    head_dim = args.head_dim
+    attention = args.dim * head_dim * (2 * args.n_heads + 2 * args.n_kv_heads)
+    mlp = 3 * args.dim * args.ffn_dim
+    norms = sum(1 if layout == "parallel" else 2 for layout in args.layer_layouts()) * args.dim + args.dim
+    non_embedding = args.n_layers * (attention + mlp) + norms
+    embedding = args.vocab_size * args.dim * (1 if args.tie_embeddings else 2)
+    return {"total": non_embedding + embedding, "non_embedding": non_embedding, "embedding": embedding}
+
+
+def flops_per_token(args: ModelArgs, seq_len: int | None = None, frozen_layers: int = 0) -> float:
+    """Training FLOPs (forward + backward) per token: 6 x the parameters each token multiplies through
+    (blocks and the LM head; an embedding lookup costs nothing) plus the attention scores and values,
+    12 x layers x dim x seq_len (the PaLM appendix B convention, no causal discount).
+
+    ``frozen_layers`` (``train.freeze_layers``: the first K blocks fixed) count 4 x their matmul parameters,
+    not 6: no weight gradient is computed for them, but their input gradient still is (the embeddings below
+    them train, so the gradient flows through every frozen block). Their attention scores and values keep the
+    full 12 x dim x seq_len (none of those matmuls has a weight)."""
+    seq_len = seq_len or args.max_seq_len
+    n = count_params(args)
+    matmul_params = n["non_embedding"] + args.vocab_size * args.dim
+    block_matmul = args.dim * args.head_dim * (2 * args.n_heads + 2 * args.n_kv_heads) + 3 * args.dim * args.ffn_dim
+    frozen = min(max(frozen_layers, 0), args.n_layers)
+    return 6 * matmul_params - 2 * frozen * block_matmul + 12 * args.n_layers * args.dim * seq_len
