@@ -23,7 +23,6 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from .errors import ConfigError
 from .folders import TOKEN_FOLDER_META, is_token_folder, recorded_max_token_id, token_folder_of
-from .model import desync_problems
 
 # A field's own constraints sit beside it, in its metadata (config.py; the model's in model/transformer.py):
 # CHOICES, the values it may take, or CHECK, (test, what the value must be) for a range.
@@ -109,7 +108,7 @@ def _check_model(m, seq_len: int) -> None:
             raise ConfigError(
                 f"key 'model.ladder_layers'={m.ladder_layers} must lie in [0, model.n_layers={m.n_layers}]"
             )
-    for message in desync_problems(m, lambda field: f"key 'model.{field}'"):
+    for message in m.desync_field_problems(lambda field: f"key 'model.{field}'"):
         raise ConfigError(message)
     every = next(f.default for f in dataclasses.fields(m) if f.name == "desync_reduce_every")
     if m.residual != "desync" and m.desync_reduce_every != every:

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import InputError
 from ..loading import resolve_source
-from ..model import PAPER_LAYOUTS, desync_problems
+from ..model import PAPER_LAYOUTS
 from ..model.tp_sharding import check_tp_degree
 from ..option_errors import OptionError, check_desync_tp, check_layouts, layout_fields, layout_name
 
@@ -97,7 +97,7 @@ def _checked_args(source: str, overrides: dict, tp: int):
         check_tp_degree(args, tp, source)
     except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
         raise InputError(str(err)) from None
-    for message in desync_problems(args, str) if kind == "preset" else ():  # a folder's are checked as it is read
+    for message in args.desync_field_problems(str) if kind == "preset" else ():  # a folder's are checked as it is read
         raise InputError(f"{source}: {message}")
     return args
 

@@ -98,7 +98,7 @@ def _shape_problem(values: dict) -> str | None:
 
 
 def _desync_problem(values: dict) -> str | None:
-    """The desync fields (model/desync.py's ``desync_problems``, on config.json's names), once the sizes are sound."""
+    """The desync fields (ModelArgs.desync_field_problems, on config.json's names), once the sizes are sound."""
     residual = values.get("residual", "ladder")
     if residual != "desync":
         for name in ("desync_tp", "desync_layers", "desync_pattern"):

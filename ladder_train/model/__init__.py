@@ -1,6 +1,6 @@
 """The model: one Transformer definition (training and inference), presets and the export format."""
 
-from .desync import LAYER_REDUCES, desync_problems
+from .desync import LAYER_REDUCES
 from .hf_format import INDEX_FILE, WEIGHTS_FILE
 from .modules import IGNORE_INDEX, NO_COMM, Communicator, TokenLoss
 from .presets import PRESETS, preset_args
@@ -29,7 +29,6 @@ __all__ = [
     "WEIGHTS_FILE",
     "build_on_meta",
     "count_params",
-    "desync_problems",
     "flops_per_token",
     "preset_args",
 ]

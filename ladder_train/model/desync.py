@@ -38,17 +38,9 @@ def reduce_schedule(n_desync: int, every: int, pattern: list[str] | None) -> lis
 
 
 def desync_problems(args, label) -> list[str]:
-    """What is wrong with the desync fields of ModelArgs ``args`` (sizes already checked), each naming the field as
-    ``label(field)`` does. Shared by the config check, the model folder check and the exported class's check."""
-    fields = ("desync_tp", "desync_layers", "desync_pattern")
-    if args.residual != "desync":
-        for field in fields:
-            if getattr(args, field) is not None:
-                return [
-                    f"{label(field)}={getattr(args, field)!r}: only a desync model has it (null for "
-                    f"{label('residual')}={args.residual!r})"
-                ]
-        return []
+    """What is wrong with the desync fields of a desync model's ModelArgs ``args`` (sizes already checked), each
+    naming the field as ``label(field)`` does. Every check of a shape asks ``ModelArgs.desync_field_problems``, which
+    comes here for a desync model."""
     t = args.desync_tp
     if not _is_int(t) or t < 2:
         return [

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..folders import is_plain_file
-from .desync import desync_problems
 from .modules import ROPE_SCALING_KEYS
 from .transformer import RESIDUAL_LAYOUTS, ModelArgs
 
@@ -125,7 +124,7 @@ def _shape_problems(args: ModelArgs, label) -> list[str]:
         ]
     if ladder is not None and (not _is_int(ladder) or not 0 <= ladder <= args.n_layers):
         return [f"{label('ladder_layers')}={ladder!r}: must be an integer in [0, {label('n_layers')}={args.n_layers}]"]
-    desync = desync_problems(args, label)
+    desync = args.desync_field_problems(label)
     if desync:
         return desync
     largest = {

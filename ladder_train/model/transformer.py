@@ -29,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .desync import DesyncBlock, reduce_schedule
+from .desync import DesyncBlock, desync_problems, reduce_schedule
 from .kv_cache import KVCache
 from .modules import MLP, NO_COMM, Attention, Communicator, RMSNorm, TokenLoss, rope_tables
 
 RESIDUAL_LAYOUTS = ("standard", "parallel", "ladder", "desync")
+DESYNC_FIELDS = ("desync_tp", "desync_layers", "desync_pattern")  # null unless residual is desync
 # the layouts that need no further field: what the demo, the benchmark and the predictor run by default
 PAPER_LAYOUTS = ("standard", "parallel", "ladder")
 
@@ -83,6 +84,20 @@ class ModelArgs:
         hybrid = self.ladder_layers if self.residual == "ladder" else self.desync_layers
         n_upper = self.n_layers if hybrid is None else hybrid
         return ["standard"] * (self.n_layers - n_upper) + [self.residual] * n_upper
+
+    def desync_field_problems(self, label) -> list[str]:
+        """What is wrong with the desync fields (sizes already checked), each naming the field as ``label(field)``
+        does: on a desync model, desync.py's ``desync_problems``; on any other, a desync field that is set. Shared by
+        the config check, the model folder check and the exported class's check."""
+        if self.residual == "desync":
+            return desync_problems(self, label)
+        for name in DESYNC_FIELDS:
+            if getattr(self, name) is not None:
+                return [
+                    f"{label(name)}={getattr(self, name)!r}: only a desync model has it (null for "
+                    f"{label('residual')}={self.residual!r})"
+                ]
+        return []
 
     def layer_reduces(self) -> list[tuple[bool, bool]]:
         """(attention all-reduces, MLP all-reduces) of each layer under TP: both, except in desync layers."""
