@@ -14,7 +14,9 @@ A field's docstring-comment is its documentation.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -305,6 +307,12 @@ def _merge_typed(schema: DictConfig, layer: DictConfig, origin: str) -> DictConf
         raise ConfigError(f"{origin}: {err}") from None
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """The typed defaults, built once per process: building them costs more than a merge, which copies them."""
+    return OmegaConf.structured(Config)
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Build the run's config: schema defaults, then the preset named by ``model.preset``, then the
     recipe (with its ``defaults``), then the command-line ``overrides``. Raises ConfigError."""
@@ -322,17 +330,16 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     for origin, layer in layers:
         check_layer(OmegaConf.to_container(layer, resolve=False), Config, origin)
 
-    schema = OmegaConf.structured(Config)
-    # first pass: find the preset, checking keys and types on the way
-    probe = schema
-    for origin, layer in layers:
-        probe = _merge_typed(probe, layer, origin)
-    preset = probe.model.preset
+    # the preset goes under every layer: the last layer that names one decides (check_layer held its type)
+    preset = None
+    for _, layer in layers:
+        if isinstance(layer.get("model"), DictConfig) and "preset" in layer.model:
+            preset = layer.model.preset
+    merged = copy.deepcopy(_schema())
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"key 'model.preset' is {preset!r}; available: {', '.join(PRESETS)}")
-        schema = _merge_typed(schema, OmegaConf.create({"model": PRESETS[preset]}), f"preset {preset}")
-    merged = schema
+        merged = _merge_typed(merged, OmegaConf.create({"model": PRESETS[preset]}), f"preset {preset}")
     for origin, layer in layers:
         merged = _merge_typed(merged, layer, origin)
     if merged.data.sources and not any("source" in layer.get("data", {}) for _, layer in layers):
