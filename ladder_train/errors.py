@@ -12,6 +12,10 @@ class ConfigError(InputError):
     """A recipe or override that cannot run. The message is one line naming the file, key or value."""
 
 
+class DataError(InputError):
+    """A data source or tokenizer that cannot be used; the message is one line naming the file or key."""
+
+
 class RunFailed(RuntimeError):
     """The work could not go on (a damaged checkpoint, a non-finite loss, a run.dir in use). Exit status 1."""
 

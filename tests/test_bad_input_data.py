@@ -18,11 +18,11 @@ import pytest
 from cli_errors import assert_bad_input, run_cli
 
 from ladder_train.config import DataConfig, load_config
-from ladder_train.data import DataError, build_dataloader, byte_tokenizer, tokenize_files
+from ladder_train.data import build_dataloader, byte_tokenizer, tokenize_files
 from ladder_train.data.out_folder import LOCK_NAME, PARTS, locked
 from ladder_train.data.token_files import OFFSETS_NAME, TOKEN_FOLDER_META, TOKENS_NAME
 from ladder_train.data.tokenize_files import prepare
-from ladder_train.errors import ConfigError
+from ladder_train.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ = 8  # windows of 9 tokens

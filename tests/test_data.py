@@ -17,7 +17,6 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 from ladder_train.config import DataConfig
 from ladder_train.data import (
-    DataError,
     MicroBatchLoader,
     as_loader,
     build_dataloader,
@@ -27,6 +26,7 @@ from ladder_train.data import (
     load_tokenizer,
 )
 from ladder_train.data.sources import local_files
+from ladder_train.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}

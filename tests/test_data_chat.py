@@ -18,7 +18,8 @@ from tiny import tiny_run_config
 from tokenizers import AddedToken
 
 from ladder_train.config import ConfigError, DataConfig, load_config
-from ladder_train.data import DataError, build_dataloader, byte_tokenizer
+from ladder_train.data import build_dataloader, byte_tokenizer
+from ladder_train.errors import DataError
 
 # ChatML, as Qwen / SmolLM2 tokenizer_config.json files write it
 CHATML = (

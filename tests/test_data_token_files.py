@@ -18,13 +18,13 @@ import torch
 from dist_utils import run_ranks
 
 from ladder_train.config import DataConfig, load_config
-from ladder_train.data import DataError, MicroBatchLoader, build_dataloader, byte_tokenizer
+from ladder_train.data import MicroBatchLoader, build_dataloader, byte_tokenizer
 from ladder_train.data.global_order import GlobalOrder, permute
 from ladder_train.data.mixture import Mixture
 from ladder_train.data.token_files import OFFSETS_NAME, TOKEN_FOLDER_META, TOKENS_NAME, open_token_folder, token_dtype
 from ladder_train.data.token_loader import TokenFileLoader, TokenWindows, refuse_stream_resume
 from ladder_train.data.tokenize_files import prepare
-from ladder_train.errors import ConfigError
+from ladder_train.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parents[1]
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}

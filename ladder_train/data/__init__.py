@@ -20,7 +20,6 @@ mixture (mixture.py, ``data.sources``) that do not depend on the world size; the
 """
 
 from .chat import ChatTemplate, load_chat_template
-from .errors import DataError
 from .loader import PackedDataLoader, build_dataloader
 from .model_files import run_tokenizer_config_folder, stop_tokens, tokenizer_config_folder
 from .packing import PackedWindows, collate_windows
@@ -32,7 +31,6 @@ __all__ = [
     "BYTE_TOKENIZER",
     "STDLIB_SOURCE",
     "ChatTemplate",
-    "DataError",
     "MicroBatchLoader",
     "PackedDataLoader",
     "PackedWindows",

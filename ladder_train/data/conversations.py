@@ -28,9 +28,8 @@ from itertools import chain
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..errors import InputError
+from ..errors import DataError, InputError
 from .chat import ChatTemplate, load_chat_template
-from .errors import DataError
 
 CHAT_COLUMN = "messages"  # the conversations' column in chat mode
 ASSISTANT = "assistant"  # the role whose messages are the targets

@@ -26,10 +26,10 @@ from tokenizers import Tokenizer
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from ..config import DataConfig
+from ..errors import DataError
 from ..folders import is_token_folder
 from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
-from .errors import DataError
 from .packing import PackedWindows, collate_windows
 from .protocol import MicroBatchLoader
 from .sources import bad_row_message, open_source, read_error_message

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from .errors import DataError
+from ..errors import DataError
 
 
 class Mixture:

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import DataError
 from ..folders import TOKEN_FOLDER_META, LockHeld, lock_folder, lock_holder
-from .errors import DataError
 from .token_files import OFFSETS_NAME, TOKENS_NAME
 
 PARTS = ".parts"  # the folder's scratch space while it is being written

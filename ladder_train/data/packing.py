@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from ..errors import DataError
 from ..model import IGNORE_INDEX  # the label of a token that is not scored, the model's loss's
 from .conversations import BadConversation, ConversationEncoder
-from .errors import DataError
 
 # one encode_batch call takes documents until either bound: enough to amortize the call, and few enough tokens
 # pending that the state (sent with every batch from a worker) stays small

@@ -12,6 +12,7 @@ token_loader.py.
 Local files are checked before any worker starts (exists, not empty, UTF-8, has the text column) so a bad
 file gives a one-line error naming it. In chat mode (``data.format: chat``) the column is ``messages``, a list of
 ``{role, content}`` messages (conversations.py); a bad row found later is reported with its file and line.
+Which corpus and which tokenizer a run reads is noted once per job (``note``, used by tokenizer.py too).
 """
 
 from __future__ import annotations
@@ -19,15 +20,16 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import os
 import sysconfig
 from pathlib import Path
 
 import datasets
 import pyarrow.parquet as pq
 
+from ..errors import DataError
 from ..folders import is_token_folder
 from .conversations import CHAT_COLUMN, conversation_problem
-from .errors import DataError, note
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,19 @@ FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}  # file suf
 SPLITS = ("train", "validation", "test")
 _STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "lib2to3"}  # test data holds deliberately odd encodings
 _UTF8_CHUNK = 16 << 20
+_noted: set[str] = set()
+
+
+def note(logger: logging.Logger, message: str, *args) -> None:
+    """A warning about the data setup (which corpus, which tokenizer) once per job, not once per rank (128
+    lines at 16 x 8): global rank 0 only (RANK unset = one process), and each distinct line once per process
+    (the validation loader opens its source again at every validation)."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    text = message % args if args else message
+    if text not in _noted:
+        _noted.add(text)
+        logger.warning(text)
 
 
 def _check_utf8(path: Path) -> None:

@@ -36,8 +36,8 @@ from typing import BinaryIO
 import numpy as np
 from tokenizers import Tokenizer
 
+from ..errors import DataError
 from ..folders import TOKEN_FOLDER_META
-from .errors import DataError
 
 TOKENS_NAME = "tokens.bin"
 OFFSETS_NAME = "offsets.bin"

@@ -18,9 +18,10 @@ import torch
 from tokenizers import Tokenizer
 
 from ..config import DataConfig
-from .errors import DataError, note
+from ..errors import DataError
 from .global_order import GlobalOrder
 from .mixture import Mixture
+from .sources import note
 from .token_files import TokenFolder, check_tokenizer, open_token_folder
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from .errors import DataError
+from ..errors import DataError
 from .out_folder import PARTS, check_contents, check_out_dir, locked, remove_parts
 from .packing import document_groups, document_ids
 from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message

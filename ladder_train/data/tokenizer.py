@@ -11,9 +11,10 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
+from ..errors import DataError
 from ..folders import TOKENIZER_FILE, is_plain_file
-from .errors import DataError, note
 from .model_files import checkpoint_run_config
+from .sources import note
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from ..data.errors import DataError
 from ..data.packing import IGNORE_INDEX, PackedWindows, collate_windows
 from ..data.tokenizer import eos_id
+from ..errors import DataError
 from .adapter import EvalError
 
 _BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".txt": "text"}

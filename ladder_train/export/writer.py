@@ -20,9 +20,9 @@ import torch
 from ..checkpoint import complete_checkpoints, read_trainer_state
 from ..checkpoint.integrity import step_number
 from ..config import load_config
-from ..data import DataError, load_tokenizer, run_tokenizer_config_folder, stop_tokens
+from ..data import load_tokenizer, run_tokenizer_config_folder, stop_tokens
 from ..dtypes import DTYPES
-from ..errors import InputError
+from ..errors import DataError, InputError
 from ..folders import (
     COMPLETE_MARKER,
     CONFIG_JSON,
