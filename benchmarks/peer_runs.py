@@ -27,7 +27,6 @@ import torch
 
 from benchmarks.peers import SETUP
 from ladder_train.config import load_config, model_args
-from ladder_train.dtypes import resolve_dtype
 from ladder_train.gpu_cards import peak_flops_for
 from ladder_train.model import ModelArgs, build_on_meta, flops_per_token, preset_args
 from ladder_train.parallel import (
@@ -38,6 +37,7 @@ from ladder_train.parallel import (
     init_sharded_weights,
     parallelize,
     resolve_degrees,
+    resolve_dtype,
 )
 from ladder_train.train.memory_plan import unsharded_fits
 from ladder_train.train.optim import build_optimizer, freeze_lower_layers

@@ -33,9 +33,8 @@ import torch.nn.functional as F
 
 from benchmarks.records import BenchmarkError, append_rows, invocation, positive_int
 from ladder_train.config import load_config, model_args
-from ladder_train.dtypes import resolve_dtype
 from ladder_train.model import Transformer
-from ladder_train.parallel import init_distributed
+from ladder_train.parallel import init_distributed, resolve_dtype
 from ladder_train.train.optim import build_optimizer, freeze_lower_layers
 from ladder_train.train.trainer import Trainer
 

@@ -13,11 +13,10 @@ import torch
 import torch.distributed as dist
 
 from .data import load_chat_template, model_tokenizer, stop_tokens, tokenizer_config_folder
-from .dtypes import resolve_dtype
 from .errors import InputError
 from .inference import Generator, check_tp_degree, load_tp_model
 from .loading import ModelSource, resolve_source
-from .parallel import init_distributed
+from .parallel import init_distributed, resolve_dtype
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,11 @@ import torch
 import torch.distributed as dist
 
 from ..bench_schema import shape_name, write_rows
-from ..dtypes import resolve_dtype
 from ..inference import Generator, TPCommunicator, comm_mode_for, load_tp_model
 from ..inference.tp import make_communicator
 from ..lifetime import end_with_parent
 from ..option_errors import OptionError
-from ..parallel import free_port, init_distributed
+from ..parallel import free_port, init_distributed, resolve_dtype
 from .comm_count import all_reduces_per_decode_step
 from .environment import cpu_model, invocation
 from .module_times import module_times_ms, peak_memory

@@ -12,10 +12,10 @@ import argparse
 import re
 from pathlib import Path
 
-from ..dtypes import DTYPES
 from ..errors import InputError
 from ..export import export_checkpoint, export_folder
 from ..export.writer import overwrite_obstacle, source_kind
+from ..parallel import DTYPES
 from .args import Parser, new_output_folder
 
 

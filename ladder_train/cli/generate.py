@@ -6,8 +6,8 @@ import math
 import os
 import sys
 
-from ..dtypes import DTYPES
 from ..errors import InputError
+from ..parallel import DTYPES
 from .args import Parser, positive_int, utf8_text
 
 DESCRIPTION = """Complete one prompt with a saved model and print only the new text. MODEL is a Hugging Face Llama

@@ -21,7 +21,6 @@ from ..checkpoint import complete_checkpoints, read_trainer_state
 from ..checkpoint.integrity import step_number
 from ..config import load_config
 from ..data import load_tokenizer, run_tokenizer_config_folder, stop_tokens
-from ..dtypes import DTYPES
 from ..errors import DataError, InputError
 from ..folders import (
     COMPLETE_MARKER,
@@ -38,6 +37,7 @@ from ..folders import (
 from ..hf import MODEL_FILES
 from ..loading import load_model, model_from_checkpoint
 from ..model.hf_format import DEFAULT_TOKEN_IDS, INDEX_FILE, WEIGHTS_FILE, os_error_of, save_export
+from ..parallel import DTYPES
 from .model_card import CARD_FILE, DEFAULT_LICENSE, CardFacts, source_license, write_model_card
 
 # every file an export writes: what --overwrite replaces in an existing folder, and nothing else

@@ -1,10 +1,11 @@
-"""Device mesh, FSDP2/HSDP sharding, activation checkpointing, compile, the per-micro-batch plan, and sharded
-initialisation."""
+"""Device mesh, FSDP2/HSDP sharding, activation checkpointing, compile, the per-micro-batch plan, sharded
+initialisation, and the compute dtype."""
 
-from .apply import MicroBatchPlan, init_sharded_weights, parallelize, resolve_dtype
+from .apply import DTYPES, MicroBatchPlan, init_sharded_weights, parallelize, resolve_dtype
 from .mesh import BatchSplit, RankEnv, build_mesh, free_port, init_distributed, resolve_degrees
 
 __all__ = [
+    "DTYPES",
     "BatchSplit",
     "MicroBatchPlan",
     "RankEnv",

@@ -1,7 +1,7 @@
 """Parallelisms as plain functions, applied in a fixed order: activation checkpointing, then
-torch.compile, then fully_shard (each block, then the root); the compute dtype they run in; what FSDP does around
-each micro-batch (the MicroBatchPlan parallelize returns); and the sharded initialisation that makes the weights
-independent of how the model is sharded."""
+torch.compile, then fully_shard (each block, then the root); the compute dtype they run in (``resolve_dtype``, from
+the names recipes and flags use); what FSDP does around each micro-batch (the MicroBatchPlan parallelize returns);
+and the sharded initialisation that makes the weights independent of how the model is sharded."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from ..config import ParallelConfig
-from ..dtypes import resolve_dtype  # noqa: F401  (re-exported: the parallel package's dtype rule)
 from ..model import Transformer
 
 # selective checkpointing keeps the outputs of these ops (the matmuls and attention: most of a block's FLOPs)
@@ -69,6 +68,19 @@ def apply_compile(model: Transformer, backend: str | None = None) -> None:
         block.compile(backend=backend)
     # one graph: the upcast fused into the softmax's reductions, only the bf16 logits kept for the backward
     model.loss.compile(backend=backend, fullgraph=True)
+
+
+# compute dtypes by the names recipes and flags use (train.dtype, --dtype)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """bf16 compute on GPUs, fp32 on the CPU unless the recipe insists: CPU bf16 speed depends on the chip's
+    bf16 instructions (1.4x faster than fp32 on an AVX512-BF16 EPYC, docs/benchmarks.md), and the tests and
+    demo compare against fp32 references."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, param_dtype: torch.dtype, blocks_per_unit: int = 1) -> None:
