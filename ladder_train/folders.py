@@ -1,6 +1,6 @@
 """What a folder is, by its files: the one owner of folder kinds (export, checkpoint, token folder), the file names
-that decide them, the run a checkpoint belongs to, and a folder's optional JSON files. Reads file names and small
-JSON files only; never weights, never code.
+that decide them, a run's complete checkpoints (its ``step-N`` folders with the marker) and the run a checkpoint belongs
+to, and a folder's optional JSON files. Reads file names and small JSON files only; never weights, never code.
 
 And the one check every reader of a checkpoint or model folder makes before it opens a file (:func:`is_plain_file`):
 a regular file, told from its metadata alone, so that a FIFO, socket or device put where a file belongs is refused
@@ -15,6 +15,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -33,6 +34,7 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"
 FOLDER_KINDS = ("export", "checkpoint", "incomplete checkpoint")
+_STEP_DIR = re.compile(r"^step-(\d+)$")  # a training checkpoint of step N in RUN_DIR/checkpoints/
 CHECKPOINT_KINDS = ("checkpoint", "incomplete checkpoint")
 
 
@@ -107,6 +109,29 @@ def recorded_max_token_id(folder) -> int | None:
     meta = read_optional_json(Path(str(folder)).expanduser() / TOKEN_FOLDER_META)
     value = meta.get("max_token_id") if isinstance(meta, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def step_number(path: str | Path) -> int | None:
+    """N of a ``step-N`` folder, else None."""
+    match = _STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def complete_checkpoints(folder: Path, warn: bool = False) -> list[Path]:
+    """The complete ``step-N`` checkpoints in ``folder`` (a run's checkpoints/), oldest first; ``warn``: name each
+    incomplete one on stderr."""
+    found = []
+    if not folder.is_dir():
+        return found
+    for path in folder.iterdir():
+        step = step_number(path)
+        if step is None or not path.is_dir():
+            continue
+        if (path / COMPLETE_MARKER).is_file():
+            found.append((step, path))
+        elif warn:
+            print(f"warning: skipping incomplete checkpoint {path} (no {COMPLETE_MARKER} marker)", file=sys.stderr)
+    return [path for _, path in sorted(found)]
 
 
 def run_config_path(checkpoint: str | Path) -> Path:

@@ -1,9 +1,9 @@
 """Distributed checkpoints (torch.distributed.checkpoint): sharded save, atomic completion, auto-resume.
 
 Layout: ``RUN_DIR/checkpoints/step-N/`` holds the DCP files (every rank writes its shards), ``MANIFEST.json``
-and a ``COMPLETE`` marker written last (``checkpoint/integrity.py``). A checkpoint is written as ``step-N.partial``
+(``checkpoint/integrity.py``) and a ``COMPLETE`` marker written last. A checkpoint is written as ``step-N.partial``
 and renamed once complete, so a crash while saving leaves the previous checkpoints usable; a ``step-N`` folder
-without the marker (cut short some other way) is skipped with a warning.
+without the marker (cut short some other way) is skipped with a warning (``folders.complete_checkpoints``).
 
 Contents: ``model`` and ``optim`` (DCP state dicts, resharded on load to any world size), ``trainer``
 (JSON: step, tokens, scheduler, wandb run id, model shape, and on token folders the data position: the same on
@@ -33,11 +33,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import CheckpointConfig
-from ..folders import COMPLETE_MARKER, folder_kind
+from ..folders import COMPLETE_MARKER, complete_checkpoints, folder_kind
 from .integrity import (
     CheckpointError,
     checkpoint_failure,
-    complete_checkpoints,
     first_line,
     is_main_process,
     verify_checkpoint,
@@ -99,7 +98,7 @@ class Checkpointer:
                     f"checkpoint.load={path}: not a complete checkpoint (no {COMPLETE_MARKER} marker)"
                 )
             return path
-        complete = complete_checkpoints(self.folder)
+        complete = complete_checkpoints(self.folder, warn=is_main_process())
         return complete[-1] if complete else None
 
     # save ---------------------------------------------------------------------------------------------
@@ -150,7 +149,7 @@ class Checkpointer:
             full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
             if not full and (free is None or free >= LOW_SPACE_BYTES):
                 raise
-            complete = complete_checkpoints(self.folder, warn=False)
+            complete = complete_checkpoints(self.folder)
             raise CheckpointError(
                 f"writing {partial} failed ({first_line(err)}): {_megabytes(free)} free on its file system; free "
                 f"space, then rerun to resume from {complete[-1] if complete else 'the start (no complete checkpoint)'}"
@@ -174,7 +173,7 @@ class Checkpointer:
             shutil.rmtree(final, ignore_errors=True)
             partial.rename(final)
             if self.cfg.keep > 0:  # keep=0 keeps every checkpoint
-                for old in complete_checkpoints(self.folder, warn=False)[: -self.cfg.keep]:
+                for old in complete_checkpoints(self.folder)[: -self.cfg.keep]:
                     shutil.rmtree(old, ignore_errors=True)
         _barrier()
 

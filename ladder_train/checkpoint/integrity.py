@@ -1,6 +1,5 @@
-"""Checkpoint folders: which ``step-N`` folders exist and are complete (the ``COMPLETE`` marker), and whether
-their files are intact (``MANIFEST.json``: sha256 and size of every file, written before the marker, checked
-on every load). Failures are one-line CheckpointErrors naming the folder and the previous complete one; a FIFO,
+"""Whether a checkpoint's files are intact (``MANIFEST.json``: sha256 and size of every file, written before the
+``COMPLETE`` marker, checked on every load; which ``step-N`` folders are complete is ``folders.complete_checkpoints``). Failures are one-line CheckpointErrors naming the folder and the previous complete one; a FIFO,
 device or directory where the manifest or a file it lists belongs is an InputError naming it, found before any file
 is opened (``folders.is_plain_file``)."""
 
@@ -15,10 +14,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..errors import RunFailed
-from ..folders import COMPLETE_MARKER, is_file_name, is_plain_file
+from ..folders import COMPLETE_MARKER, complete_checkpoints, is_file_name, is_plain_file, step_number
 
 MANIFEST = "MANIFEST.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointError(RunFailed):
@@ -29,45 +27,18 @@ def is_main_process() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def _step_of(path: Path) -> int | None:
-    match = _STEP_DIR.match(path.name)
-    return int(match.group(1)) if match else None
-
-
 def previous_complete(path: Path) -> Path | None:
     """The newest complete checkpoint beside ``path`` with a smaller step (where to go back to)."""
-    step = _step_of(path)
+    step = step_number(path)
     if step is None:
         return None
-    older = [p for p in complete_checkpoints(path.parent, warn=False) if (_step_of(p) or 0) < step]
+    older = [p for p in complete_checkpoints(path.parent) if (step_number(p) or 0) < step]
     return older[-1] if older else None
-
-
-def step_number(path: Path) -> int | None:
-    """N of a ``step-N`` folder, else None."""
-    match = _STEP_DIR.match(Path(path).name)
-    return int(match.group(1)) if match else None
 
 
 def checkpoint_failure(path: Path, what: str) -> CheckpointError:
     previous = previous_complete(path)
     return CheckpointError(f"{path}: {what}; the previous complete checkpoint is {previous or 'none'}")
-
-
-def complete_checkpoints(folder: Path, warn: bool = True) -> list[Path]:
-    """The complete ``step-N`` checkpoints in ``folder``, oldest first; incomplete ones are named once."""
-    found = []
-    if not folder.is_dir():
-        return found
-    for path in folder.iterdir():
-        match = _STEP_DIR.match(path.name)
-        if not match or not path.is_dir():
-            continue
-        if (path / COMPLETE_MARKER).is_file():
-            found.append((int(match.group(1)), path))
-        elif warn and is_main_process():
-            print(f"warning: skipping incomplete checkpoint {path} (no {COMPLETE_MARKER} marker)", file=sys.stderr)
-    return [path for _, path in sorted(found)]
 
 
 # torch's weights-only refusal is a page that advises turning the check off; none of that is repeated here

@@ -21,12 +21,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ..errors import InputError
-from ..folders import DCP_METADATA, is_file_name, is_plain_file
+from ..folders import DCP_METADATA, is_file_name, is_plain_file, step_number
 from .integrity import (
     checkpoint_failure,
     first_line,
     refused_global,
-    step_number,
     verify_checkpoint,
     weights_only_reason,
 )

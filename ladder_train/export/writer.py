@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import complete_checkpoints, read_trainer_state
-from ..checkpoint.integrity import step_number
+from ..checkpoint import read_trainer_state
 from ..config import load_config
 from ..data import load_tokenizer, run_tokenizer_config_folder, stop_tokens
 from ..errors import DataError, InputError
@@ -28,10 +27,12 @@ from ..folders import (
     GENERATION_CONFIG,
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
+    complete_checkpoints,
     folder_kind,
     is_plain_file,
     read_optional_json,
     run_config_path,
+    step_number,
     token_text,
 )
 from ..hf import MODEL_FILES
@@ -102,7 +103,7 @@ def source_kind(source: Path) -> str:
     if kind in ("export", "checkpoint"):
         return kind
     if kind == "incomplete checkpoint":
-        newest = complete_checkpoints(source.parent, warn=False)
+        newest = complete_checkpoints(source.parent)
         beside = f"; the newest complete one beside it is {newest[-1]}" if newest else ""
         raise InputError(
             f"{source}: not a complete checkpoint (no {COMPLETE_MARKER} marker: its save never finished){beside}"
@@ -114,7 +115,7 @@ def source_kind(source: Path) -> str:
             f"{source}: neither a training checkpoint (RUN_DIR/checkpoints/step-N) nor a Hugging Face format folder "
             f"({CONFIG_JSON} + {WEIGHTS_FILE} or {INDEX_FILE})"
         )
-    complete = complete_checkpoints(folder, warn=False)
+    complete = complete_checkpoints(folder)
     names = ", ".join(p.name for p in complete[-3:][::-1]) + (
         f" and {len(complete) - 3} older" if len(complete) > 3 else ""
     )
