@@ -226,7 +226,7 @@ def _check_token_folders(cfg) -> None:
             raise ConfigError(
                 f"key '{key}'={path} is a file of the token folder {folder}: give the folder, {key}={folder}"
             )
-        largest = recorded_max_token_id(path) if is_token_folder(path) else None
+        largest = recorded_max_token_id(path)  # None but in a token folder; which reader a source gets is the loader's
         if largest is not None and largest >= vocab:
             raise ConfigError(
                 f"key '{key}'={path}: the token folder holds ids up to {largest} ({TOKEN_FOLDER_META} max_token_id), "
