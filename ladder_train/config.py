@@ -139,7 +139,7 @@ class ScheduleConfig:
 class SpikeConfig:
     """``train.spike.*``: loss-spike detection. A step is a spike when a watched value (the all-reduced loss or
     the gradient norm, the same on every rank) lies more than ``threshold`` standard deviations above the mean
-    of the previous ``window`` steps' finite values (train/stability.py)."""
+    of the previous ``window`` steps' finite values (train/step.py)."""
 
     enabled: bool = False
     # steps in the rolling mean and standard deviation; nothing fires before it is full

@@ -208,8 +208,8 @@ def tracked_peak(cfg, accumulate: str) -> tuple[float, int]:
 
     from ladder_train.model import build_on_meta
     from ladder_train.parallel import build_mesh, parallelize
-    from ladder_train.train.micro_batches import accumulate_gradients
     from ladder_train.train.optim import build_optimizer
+    from ladder_train.train.step import accumulate_gradients
 
     micro, seq = cfg.train.micro_batch_size, cfg.data.seq_len
     accumulation = cfg.train.global_batch_size // micro

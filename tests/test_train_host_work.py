@@ -1,5 +1,6 @@
-"""The host's work in a step's micro-batches (train/micro_batches.py, the loop the trainer runs): the ops it dispatches
-per micro-batch, and no wait for the GPU inside the loop (on the meta device, which stands in for it)."""
+"""The host's work in a step's micro-batches (train/step.py's accumulate_gradients, the loop the trainer runs): the
+ops it dispatches per micro-batch, and no wait for the GPU inside the loop (on the meta device, which stands in for
+it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tiny import tiny_run_config
 
 from ladder_train.config import model_args
 from ladder_train.model import build_on_meta
-from ladder_train.train.micro_batches import accumulate_gradients
+from ladder_train.train.step import accumulate_gradients
 
 MICRO, SEQ, ACCUMULATION = 2, 16, 3
 

@@ -18,7 +18,7 @@ from ..model import ModelArgs
 from ..parallel import RankEnv
 from .chat_steps import EmptyBatches
 from .optim import apply_schedule
-from .stability import StabilityGuard
+from .step import StabilityGuard
 
 
 @dataclass

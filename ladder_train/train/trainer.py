@@ -1,5 +1,6 @@
-"""The pretraining loop: build the mesh and the sharded model, then step through the data. The checkpointer,
-the metric logger, the stability guard and the evaluator each decide which steps are theirs.
+"""The pretraining loop: hold the run folder (one trainer per run.dir: ``RUN_DIR/run.lock``), build the mesh and the
+sharded model, then step through the data (each step's parts: step.py). The checkpointer, the metric logger, the
+stability guard and the evaluator each decide which steps are theirs.
 
 Launch (``ladder_train.cli``): ``ladder-train --config recipes/X.yaml [key=value ...]`` alone, or
 ``torchrun --nproc-per-node N -m ladder_train.train --config ...`` for several processes.
@@ -10,23 +11,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import shutil
 import signal
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
-from ..errors import EXIT_REQUEUE, InputError, Preempted
+from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
+from ..folders import FolderLock, LockHeld, lock_folder
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -43,22 +42,52 @@ from .chat_steps import EmptyBatches, scored_micro_batches
 from .evaluator import Evaluator
 from .memory_plan import unsharded_fits
 from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
-from .micro_batches import accumulate_gradients
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
 from .profiling import StepProfiler
-from .run_lock import lock_run_dir_on_rank0
 from .run_state import RunState
-from .stability import StabilityGuard, Verdict
+from .step import StabilityGuard, StepOutcome, accumulate_gradients, clip_and_reduce
+
+LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
 
 
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one optimizer step gives the loop: the global numbers and the guard's verdict on them."""
+class RunDirLocked(RunFailed):
+    """Another trainer holds run.dir. ``quiet`` on ranks other than 0, so the message is printed once."""
 
-    loss: float  # the mean token loss over the global batch
-    grad_norm: float
-    data_wait_s: float  # this rank's wait for its micro-batches
-    verdict: Verdict
+    def __init__(self, message: str, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
+
+
+def lock_run_dir(run_dir: Path) -> FolderLock:
+    """Take ``RUN_DIR/run.lock`` for this process (folders.lock_folder: released when the process dies, not held
+    by forked data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock is a link.
+    The lock lasts until the returned lock is closed: one trainer per run folder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
+    except LockHeld as err:
+        raise RunDirLocked(
+            f"run.dir={run_dir} is in use by another trainer ({err.holder}); wait for it to end or pick another run.dir"
+        ) from None
+
+
+def lock_run_dir_on_rank0(run_dir: Path, is_main: bool) -> FolderLock | None:
+    """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together (with rank 0's error,
+    printed by rank 0 alone). Returns rank 0's lock (None elsewhere)."""
+    lock, refusal = None, None
+    if is_main:
+        try:
+            lock = lock_run_dir(run_dir)
+        except (RunDirLocked, InputError) as err:
+            refusal = (isinstance(err, InputError), str(err))
+    box = [refusal]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is None:
+        return lock
+    bad_input, message = box[0]
+    error = InputError(message) if bad_input else RunDirLocked(message)
+    error.quiet = not is_main  # run_command prints a refusal once, from rank 0
+    raise error
 
 
 class Trainer:
@@ -202,8 +231,8 @@ class Trainer:
     # one optimizer step ------------------------------------------------------------------------------
 
     def train_step(self) -> StepOutcome:
-        """Forward/backward over this rank's micro-batches, clip, step. The loss of each micro-batch is
-        its summed token loss over this rank's tokens per step, and FSDP averages over ranks: the step
+        """Forward/backward over this rank's micro-batches, clip, verdict, step (the parts: step.py). The loss of each
+        micro-batch is its summed token loss over this rank's tokens per step, and FSDP averages over ranks: the step
         minimises the mean over the global batch's tokens, however it is split. Chat data (``data.format: chat``)
         scores only the labels that are not -100: the step's micro-batches are fetched first and the divisor is
         their number over the global batch (one small all-reduce) / the world size, so the step minimises the
@@ -221,41 +250,20 @@ class Trainer:
             if scored == 0:
                 self.empty_batches.skip(self.step + 1, self.tokens_seen)
                 return StepOutcome(0.0, 0.0, data_wait, self.guard.empty_step())
-        loss_sum, fetch_wait = self._forward_backward(step_batches, tokens_per_rank)
-        loss_value, norm_value = self._clip_and_reduce(loss_sum)
+        fetch = self._next_micro_batch if step_batches is None else iter(step_batches).__next__
+        loss_sum, fetch_wait = accumulate_gradients(
+            self.model, fetch, split.accumulation, tokens_per_rank, self.env.device, self.micro_batch_plan
+        )
+        stop_asked = self._preempt_signal is not None
+        loss_value, norm_value, self._preempt_all = clip_and_reduce(
+            self.model, self.cfg.train.optimizer.grad_clip, loss_sum, stop_asked, self.env.world_size
+        )
         verdict = self.guard.judge(self.step + 1, loss_value, norm_value)  # the same on every rank
         if verdict.update:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return StepOutcome(loss_value, norm_value, data_wait + fetch_wait, verdict)
-
-    def _forward_backward(self, step_batches: list[Batch] | None, tokens_per_rank: float) -> tuple[torch.Tensor, float]:
-        """Accumulate the gradients of the step's micro-batches (fetched here unless given); returns the summed
-        loss and the wait for the data."""
-        fetch = self._next_micro_batch if step_batches is None else iter(step_batches).__next__
-        split, env = self.batch, self.env
-        return accumulate_gradients(
-            self.model,
-            fetch,
-            split.accumulation,
-            tokens_per_rank,
-            env.device,
-            self.micro_batch_plan,
-        )
-
-    def _clip_and_reduce(self, loss_sum: torch.Tensor) -> tuple[float, float]:
-        """Clip the gradients; the global loss and gradient norm, the same on every rank. One small all-reduce per
-        step carries the summed loss and whether any rank was asked to stop."""
-        max_norm = self.cfg.train.optimizer.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
-        preempt = 0.0 if self._preempt_signal is None else 1.0
-        shared = torch.stack([loss_sum, torch.tensor(preempt, device=loss_sum.device)])
-        dist.all_reduce(shared)
-        loss_value, self._preempt_all = shared[0].item() / self.env.world_size, shared[1].item() > 0
-        return loss_value, grad_norm.item()
 
     def _next_micro_batch(self) -> Batch:
         if self._batches is None:  # created after a resume restored the loader's position
