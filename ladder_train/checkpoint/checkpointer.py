@@ -38,11 +38,14 @@ from .integrity import (
     CheckpointError,
     checkpoint_failure,
     first_line,
-    is_main_process,
     verify_checkpoint,
     write_manifest,
 )
 from .safe_load import describe, load_dcp, pack, pack_json, read_trainer_state, unpack
+
+
+def is_main_process() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _barrier() -> None:

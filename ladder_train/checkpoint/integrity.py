@@ -23,10 +23,6 @@ class CheckpointError(RunFailed):
     """A checkpoint that cannot be used here; the message names the folder and the mismatch."""
 
 
-def is_main_process() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 def previous_complete(path: Path) -> Path | None:
     """The newest complete checkpoint beside ``path`` with a smaller step (where to go back to)."""
     step = step_number(path)
