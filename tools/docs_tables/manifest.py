@@ -7,6 +7,7 @@ or folder that is not there makes ``MissingData``, one line naming the table and
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import tomllib
@@ -49,14 +50,40 @@ class Entry:
 
     def make(self, root: Path) -> str:
         """The table from its data under ``root``; a data file that is not there raises MissingData."""
-        try:
-            if self.rows is not None:
-                return self.function()(READERS[self.reader](root / self.rows), self.rows, **self.args)
-            return self.function()(root, **self.data, **self.args)
-        except FileNotFoundError as err:
-            raise MissingData(
-                f"table {self.name}: {err.filename} not found (run the command beside the table)"
-            ) from None
+        paths = [self.rows] if self.rows is not None else [p for v in self.data.values() for p in _as_list(v)]
+        key = (repr(self), _contents(root, paths))
+        if key not in _MADE:
+            try:
+                if self.rows is not None:
+                    table = self.function()(READERS[self.reader](root / self.rows), self.rows, **self.args)
+                else:
+                    table = self.function()(root, **self.data, **self.args)
+            except FileNotFoundError as err:
+                raise MissingData(
+                    f"table {self.name}: {err.filename} not found (run the command beside the table)"
+                ) from None
+            _MADE[key] = table
+        return _MADE[key]
+
+
+# a table is made from its data alone: made once per contents of its files in a process (a --check then --write, or
+# the tests' copies of the docs, make each table once), made again when a file changes
+_MADE: dict[tuple, str] = {}
+
+
+def _as_list(value: str | list[str]) -> list[str]:
+    return value if isinstance(value, list) else [value]
+
+
+def _contents(root: Path, paths: list[str]) -> tuple:
+    """(path, sha1 of the bytes) of every file at or under the data paths; a path that is not there, as None."""
+    found = []
+    for path in paths:
+        at = root / path
+        files = sorted(f for f in at.rglob("*") if f.is_file()) if at.is_dir() else [at] if at.is_file() else []
+        found += [(f.relative_to(root).as_posix(), hashlib.sha1(f.read_bytes()).hexdigest()) for f in files]
+        found += [] if files else [(path, None)]
+    return tuple(found)
 
 
 def load(path: Path = MANIFEST_FILE) -> tuple[tuple[str, ...], dict[str, Entry]]:

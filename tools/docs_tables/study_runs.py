@@ -1,26 +1,29 @@
-"""The layout study's runs as its tables read them: each run folder read once per state of its files, the runs of a
+"""The layout study's runs as its tables read them: each run folder read once per contents of its files, the runs of a
 study folder, the seeds folder's runs by layout, seed and depth, and the validation-loss comparisons with the
 baseline that several tables quote."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from pathlib import Path
 
 from ladder_train.report.runs import read_run
 from ladder_train.study import compare_groups
 
-# read runs by folder and the state of their files: the tables read the same folders several times in one
-# remake, and each read resolves a config through omegaconf (~0.04 s); a changed or replaced file reads afresh
-_READ: dict[Path, tuple] = {}  # folder -> (state of its files, Run)
+# read runs by the contents of their files: the tables read the same folders several times in one remake and each
+# read resolves a config through omegaconf (~0.1 s); a copy of the docs (the tests') reads its runs from this cache,
+# and a changed file reads afresh
+_READ: dict[tuple, object] = {}  # ((file, sha1 of its bytes), ...) -> Run
 
 
 def _read_run_once(path: Path):
     files = sorted(f for f in path.rglob("*") if f.is_file())
-    state = tuple((str(f.relative_to(path)), f.stat().st_mtime_ns, f.stat().st_size) for f in files)
-    key = path.resolve()
-    if key not in _READ or _READ[key][0] != state:
-        _READ[key] = (state, read_run(path))
-    return _READ[key][1]
+    key = tuple((f.relative_to(path).as_posix(), hashlib.sha1(f.read_bytes()).hexdigest()) for f in files)
+    if key not in _READ:
+        _READ[key] = read_run(path)
+    run = _READ[key]
+    return run if run.path == path else dataclasses.replace(run, path=path)
 
 
 def study_runs(root: Path, folder: str, required: bool = True) -> list:
