@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,20 @@ SHARED = Path(os.environ.get("LADDER_SHARED", Path(__file__).resolve().parents[1
 def _fp32_single_thread():
     torch.set_num_threads(1)
     yield
+
+
+def _frames_compiled() -> int:
+    dynamo = sys.modules.get("torch._dynamo.utils")  # never imported: nothing was compiled
+    return dynamo.counters["frames"]["ok"] if dynamo else 0
+
+
+@pytest.fixture(autouse=True)
+def _compiling_tests_are_marked_slow(request):
+    # make test-fast is the inner loop: a test that compiles (seconds each on the CPU) belongs to make test
+    before = _frames_compiled()
+    yield
+    if request.node.get_closest_marker("slow") is None and _frames_compiled() > before:
+        pytest.fail("this test compiles with torch.compile: mark it @pytest.mark.slow", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

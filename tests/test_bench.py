@@ -170,6 +170,7 @@ TINY_TP1 = [
 TINY_TP1 += ["--batch-sizes", "1", "--prompt-len", "4", "--gen-len", "3", "--runs", "2", "--no-ceiling"]
 
 
+@pytest.mark.slow  # compiles
 def test_bench_compiled_at_tp1_compiles_in_the_warm_up_only_and_keeps_its_cache(tmp_path, monkeypatch):
     from ladder_train.bench import runner
 

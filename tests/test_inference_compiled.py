@@ -215,6 +215,7 @@ def test_sampling_greedy_and_top_k():
     assert set(drawn.tolist()) == {1, 2}  # only the two best, and both of them
 
 
+@pytest.mark.slow  # compiles
 def test_compiled_sampling_chooses_inside_the_step_and_draws_the_eager_tokens():
     """Top-k sampling runs inside the compiled step (the Exp(1) draws of the seeded generator enter as one fixed
     buffer): the same seed gives the eager tokens, another seed others, and every token is one of the top k."""

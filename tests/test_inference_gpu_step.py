@@ -87,6 +87,7 @@ def fake_cuda_model(residual: str) -> Transformer:
     return model
 
 
+@pytest.mark.slow  # compiles
 @pytest.mark.parametrize("top_k", [None, 5], ids=["greedy", "top_k"])
 def test_a_compiled_decode_step_on_cuda_never_waits_for_or_copies_from_the_host(monkeypatch, top_k):
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -133,7 +134,7 @@ def test_the_host_traffic_record_sees_syncs_and_copies():
     ]
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled_path"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled_path"])
 def test_the_kv_cache_is_allocated_once_per_shape_and_zeroed_between_generations(compiled):
     """The same cache tensors across generations of one shape (a CUDA graph keeps their addresses), zeroed in
     place: NaN left in them changes nothing. ``compiled_path``: the compiled Generator's code (a device position,

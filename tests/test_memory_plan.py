@@ -55,7 +55,7 @@ def test_an_eager_block_saves_what_the_plan_counts(layout):
     assert saved_bytes(block, x, cos, sin) == x.shape[1] * block_bytes_per_token(args, layout, compiled=False)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
 @pytest.mark.parametrize("stream_input", [False, True], ids=["one stream in", "two streams in"])
 @pytest.mark.parametrize("reduces", [(False, True), (True, True), (False, False)])
 def test_a_desync_block_saves_what_the_plan_counts(stream_input, reduces, compiled):
@@ -81,6 +81,7 @@ def test_a_desync_block_saves_what_the_plan_counts(stream_input, reduces, compil
         assert planned == block_bytes_per_token(ModelArgs(**shape), "standard", compiled)
 
 
+@pytest.mark.slow  # traces with AOT autograd
 def test_a_compiled_block_saves_what_the_plan_counts():
     # inductor's min-cut partitioner, run without generating code; it keeps one h-sized tensor and one rsqrt less in
     # a ladder or parallel block than in a standard one, the plan counts the standard's for every layout (the H100
@@ -96,6 +97,7 @@ def test_a_compiled_block_saves_what_the_plan_counts():
 
 
 # inductor's CPU code generation imports a torch.jit decorator that torch 2.13 deprecates: nothing here to act on
+@pytest.mark.slow  # compiles
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_a_compiled_loss_keeps_the_bf16_logits_and_writes_their_gradient_over_them():
     """inductor's code for model.TokenLoss, generated on the CPU: the forward allocates the logits once, in bf16,

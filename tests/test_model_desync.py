@@ -121,6 +121,7 @@ def test_cached_decode_equals_the_full_forward():
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow  # compiles
 def test_gradients_reach_every_weight_and_compile_traces_it_whole():
     model = make_model(desync_tp=2, desync_reduce_every=4)
     ids = torch.randint(0, SHAPE["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(5))
