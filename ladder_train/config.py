@@ -236,7 +236,7 @@ class EvalConfig:
 @dataclass
 class ProfileConfig:
     """``profile.*``: what each rank records for looking inside a run, into RUN_DIR/profile/
-    (``train/profiling.py``). The schedule counts optimizer steps from the start of the process."""
+    (``train/observability.py``). The schedule counts optimizer steps from the start of the process."""
 
     enabled: bool = False  # torch.profiler chrome traces (CPU activity; CUDA kernels too on a GPU), one per rank
     # untraced steps first (the first steps are not typical: allocation, warm caches)

@@ -1,4 +1,4 @@
-"""The dense bf16 tensor-core peak of each GPU card: the one table that the trainer's MFU (``train/metrics.py``) and
+"""The dense bf16 tensor-core peak of each GPU card: the one table that the trainer's MFU (``train/observability.py``) and
 ladder-predict's GPU profiles (``card: NAME`` in ``predict/hardware.yaml``) read.
 
 A card is found by the longest of its ``match`` substrings that occurs in ``torch.cuda.get_device_name()``

@@ -1,5 +1,5 @@
-"""What the training loop logs (ladder_train/train/metrics.py): wandb's offline fallback without credentials, each
-metrics row's UTC wall-clock time, and MFU: the peak by exact card and the FLOPs of frozen layers."""
+"""What the training loop logs (ladder_train/train/observability.py): wandb's offline fallback without credentials,
+each metrics row's UTC wall-clock time, and MFU: the peak by exact card and the FLOPs of frozen layers."""
 
 import json
 from datetime import UTC
@@ -11,7 +11,7 @@ from test_train import SEQ, global_batches, tiny_config
 
 
 def test_wandb_online_without_credentials_falls_back_to_offline(tmp_path, monkeypatch, capsys):
-    from ladder_train.train.metrics import MetricLogger
+    from ladder_train.train.observability import MetricLogger
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -33,7 +33,7 @@ def test_wandb_online_without_credentials_falls_back_to_offline(tmp_path, monkey
 def test_metrics_rows_carry_their_wall_clock_time_in_utc(tmp_path):
     from datetime import datetime, timedelta
 
-    from ladder_train.train.metrics import MetricLogger
+    from ladder_train.train.observability import MetricLogger
 
     cfg = tiny_config("standard", 8, str(tmp_path / "run"))
     logger = MetricLogger(cfg, tmp_path / "run", is_main=True)
@@ -60,7 +60,7 @@ def test_metrics_rows_carry_their_wall_clock_time_in_utc(tmp_path):
     ],
 )
 def test_mfu_peak_by_exact_card(monkeypatch, card, peak):
-    from ladder_train.train.metrics import device_peak_flops
+    from ladder_train.train.observability import device_peak_flops
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: card)
     assert device_peak_flops(torch.device("cuda", 0)) == pytest.approx(peak, rel=1e-12)
@@ -68,12 +68,12 @@ def test_mfu_peak_by_exact_card(monkeypatch, card, peak):
 
 
 def test_mfu_of_an_unknown_card_is_null_with_one_note(monkeypatch, capsys):
-    from ladder_train.train import metrics
+    from ladder_train.train import observability
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 test-variant")
-    monkeypatch.setattr(metrics, "_UNKNOWN_CARDS", set())
-    assert metrics.device_peak_flops(torch.device("cuda", 0)) is None
-    assert metrics.device_peak_flops(torch.device("cuda", 1)) is None
+    monkeypatch.setattr(observability, "_UNKNOWN_CARDS", set())
+    assert observability.device_peak_flops(torch.device("cuda", 0)) is None
+    assert observability.device_peak_flops(torch.device("cuda", 1)) is None
     assert capsys.readouterr().err.count("no bf16 peak known for 'NVIDIA H100 test-variant'") == 1
 
 

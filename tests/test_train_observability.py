@@ -15,8 +15,8 @@ from dist_utils import run_ranks
 from tiny import tiny_run_config
 
 from ladder_train.config import ConfigError, ProfileConfig, load_config
-from ladder_train.train import profiling
-from ladder_train.train.profiling import MEMORY_HISTORY_ENTRIES, StepProfiler
+from ladder_train.train import observability
+from ladder_train.train.observability import MEMORY_HISTORY_ENTRIES, StepProfiler
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ, VOCAB = 16, 64
@@ -207,8 +207,8 @@ def _train_until_out_of_memory(run_dir: str):
     calls = []
     torch.cuda.memory._record_memory_history = lambda **kw: calls.append(("record", kw))
     torch.cuda.memory._dump_snapshot = lambda filename: calls.append(("dump", filename))
-    on_cpu = profiling.StepProfiler.__init__
-    profiling.StepProfiler.__init__ = lambda self, cfg, run_dir, rank, device: on_cpu(
+    on_cpu = observability.StepProfiler.__init__
+    observability.StepProfiler.__init__ = lambda self, cfg, run_dir, rank, device: on_cpu(
         self, cfg, run_dir, rank, torch.device("cuda")
     )
     env = init_distributed()
@@ -303,7 +303,7 @@ def test_tensorboard_holds_the_scalars_of_metrics_jsonl(tmp_path):
 def test_a_resumed_run_replaces_the_tensorboard_points_after_its_checkpoint(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from ladder_train.train.metrics import MetricLogger
+    from ladder_train.train.observability import MetricLogger
 
     cfg = load_config(None, ["tensorboard.enabled=true", "wandb.mode=disabled"])
     first = MetricLogger(cfg, tmp_path, is_main=True)
@@ -320,7 +320,7 @@ def test_a_resumed_run_replaces_the_tensorboard_points_after_its_checkpoint(tmp_
 
 
 def test_other_ranks_write_no_tensorboard_files(tmp_path):
-    from ladder_train.train.metrics import MetricLogger
+    from ladder_train.train.observability import MetricLogger
 
     cfg = load_config(None, ["tensorboard.enabled=true", "wandb.mode=disabled"])
     logger = MetricLogger(cfg, tmp_path, is_main=False)

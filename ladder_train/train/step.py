@@ -46,7 +46,7 @@ class StepOutcome:
     verdict: Verdict
 
 
-# -- the micro-batches and the global numbers ---------------------------------------------------------------------
+# -- the micro-batches and the global numbers --------------------------------------------------------------------------
 
 
 def micro_batch_loss(
@@ -96,7 +96,7 @@ def clip_and_reduce(
     return shared[0].item() / world_size, grad_norm.item(), shared[1].item() > 0
 
 
-# -- the verdict ----------------------------------------------------------------------------------------------------
+# -- the verdict -------------------------------------------------------------------------------------------------------
 
 SKIP_FILE = "skip_batches.json"  # in RUN_DIR: {"batches": [global batch numbers, 1-based], "spikes": [...]}
 MIN_RELATIVE_STD = 0.01  # the z-score's standard deviation is at least 1 % of the window's mean

@@ -1,4 +1,4 @@
-"""What a torch.profiler chrome trace (``profiling.py`` writes one per rank) says about a training step: the GPU's busy
+"""What a torch.profiler chrome trace (``observability.py`` writes one per rank) says about a training step: the GPU's busy
 share of the traced span, kernels, copies, memsets and CUDA runtime calls per optimizer step, the host's step time
 and the kernels with the most GPU time.
 

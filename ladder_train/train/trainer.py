@@ -41,9 +41,8 @@ from ..parallel import (
 from .chat_steps import EmptyBatches, scored_micro_batches
 from .evaluator import Evaluator
 from .memory_plan import unsharded_fits
-from .metrics import MetricLogger, ThroughputMeter, device_peak_flops
+from .observability import MetricLogger, StepProfiler, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
-from .profiling import StepProfiler
 from .run_state import RunState
 from .step import StabilityGuard, StepOutcome, accumulate_gradients, clip_and_reduce
 
