@@ -7,7 +7,14 @@ a regular file, told from its metadata alone, so that a FIFO, socket or device p
 in one line instead of blocking or acting when opened.
 
 And the one folder lock (:func:`lock_folder`), for a run folder's trainer and ``ladder-data prepare``'s OUT_DIR: a
-POSIX record lock on a file in the folder, which names its holder, and is never opened through a link."""
+POSIX record lock on a file in the folder, which names its holder, and is never opened through a link.
+
+And the one rule for every file the project writes into a folder it does not own alone (a run folder, OUT_DIR, a
+study's --collect DEST, a checkpoint, an export): nothing is written, removed or renamed through a symbolic link.
+A file is opened with ``O_NOFOLLOW`` (:func:`open_to_write`, :func:`write_text`, :func:`copy_to`), a folder the
+project makes inside such a folder is no link (:func:`make_folder`), and only an entry that is what the project
+writes is removed or replaced (:func:`remove_written`, :func:`remove_written_tree`, :func:`replace_written`); a link
+there is refused in one line naming it (InputError), and what it points at is untouched."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import sys
@@ -248,17 +256,7 @@ def lock_holder(folder: Path, name: str) -> str | None:
 def _open_lock_file(path: Path, flags: int):
     """The lock file, opened without following a link (and without blocking on a FIFO); InputError naming the path
     when it is a link (writing the holder's line would overwrite the file it points at) or no plain file."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-    except OSError as err:
-        if err.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
-            raise InputError(
-                f"{path} is a symbolic link; a lock file is never opened through a link: remove it"
-            ) from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputError(f"{path} is not a plain file; a lock file must be one: remove it")
+    fd = _open_no_follow(path, flags, "a lock file")
     return open(fd, "r+" if flags & os.O_RDWR else "r", errors="replace")  # noqa: SIM115 - the caller closes it
 
 
@@ -287,3 +285,101 @@ def _same_file(handle, path: Path) -> bool:
         return False
     mine = os.fstat(handle.fileno())
     return (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+# -- nothing written through a link ----------------------------------------------------------------------------
+
+
+def _link_refused(path: Path, what: str) -> InputError:
+    return InputError(f"{path} is a symbolic link; {what} is never written through a link: remove it")
+
+
+def _open_no_follow(path: Path, flags: int, what: str) -> int:
+    """``path`` opened without following a link and without blocking on a FIFO; InputError naming the path when it
+    is a link or no regular file (nothing is then written)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK) and path.is_symlink():
+            raise _link_refused(path, what) from None
+        if err.errno == errno.ENXIO:  # a FIFO without a reader, opened to write
+            raise InputError(f"{path} is not a plain file; {what} must be one: remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError(f"{path} is not a plain file; {what} must be one: remove it")
+    return fd
+
+
+def refuse_link(path: str | Path, what: str = "a file of this project") -> Path:
+    """``path``, or InputError naming it when it is a symbolic link (a check before a writer that opens by name)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise _link_refused(path, what)
+    return path
+
+
+def open_to_write(path: str | Path, mode: str = "w", **kwargs):
+    """``open(path, mode)`` for ``mode`` "w", "a", "wb" or "ab", but never through a link nor into anything but a
+    regular file (module docstring); kwargs go to ``open``."""
+    append = mode[0] == "a"
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    return open(_open_no_follow(path, flags, "a file of this project"), mode, **kwargs)  # noqa: SIM115
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """``Path.write_text``, never through a link (:func:`open_to_write`)."""
+    with open_to_write(path, "w") as handle:
+        handle.write(text)
+    return Path(path)
+
+
+def copy_to(source: str | Path, path: str | Path) -> Path:
+    """``source``'s bytes copied to ``path``, never written through a link (:func:`open_to_write`)."""
+    with open(source, "rb") as read, open_to_write(path, "wb") as written:
+        shutil.copyfileobj(read, written, 1 << 20)
+    return Path(path)
+
+
+def make_folder(path: str | Path) -> Path:
+    """``path`` made (with its parents) as a folder, or InputError naming it when a link or a file is there: a
+    folder the project makes inside one it writes into is never a link to somewhere else."""
+    path = refuse_link(path, "a folder of this project")
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path} is not a folder, where this project writes one: move it elsewhere")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def remove_written(path: str | Path) -> None:
+    """Delete the file ``path`` when it is there; InputError naming it when it is a link or a folder (only a file the
+    project wrote is removed, and nothing through a link)."""
+    path = Path(path)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise _link_refused(path, "a file of this project")
+    if stat.S_ISDIR(mode):
+        raise InputError(f"{path} is a folder, where this project writes a file: move it elsewhere")
+    path.unlink(missing_ok=True)
+
+
+def remove_written_tree(path: str | Path) -> None:
+    """Delete the folder ``path`` (the project's: a checkpoint, a scratch folder) when it is there; InputError naming
+    it when it is a link or a file. Links inside are removed as entries, never followed (``shutil.rmtree``)."""
+    path = refuse_link(path, "a folder of this project")
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{path} is not a folder, where this project writes one: move it elsewhere")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def replace_written(source: str | Path, path: str | Path) -> Path:
+    """``os.replace(source, path)``: a file the project has just written moved into place; InputError naming either
+    when it is a link (a link at ``path`` is not the project's to replace)."""
+    refuse_link(source)
+    refuse_link(path)
+    os.replace(source, path)
+    return Path(path)

@@ -144,6 +144,37 @@ def test_a_link_planted_as_the_lock_file_is_refused_in_one_line_and_its_target_i
     assert [p.name for p in out.iterdir()] == [LOCK_NAME] and (out / LOCK_NAME).is_symlink()
 
 
+def test_a_link_planted_as_the_parts_folder_is_refused_and_nothing_in_the_folder_it_names_is_deleted(
+    tmp_path, capsys, monkeypatch
+):
+    folder = token_folder(tmp_path)
+    elsewhere = tmp_path / "some_dir"  # someone's folder that happens to hold files by prepare's names
+    elsewhere.mkdir()
+    for name in (TOKENS_NAME, OFFSETS_NAME, "000000.tokens", "000000.lengths"):
+        (elsewhere / name).write_bytes(b"someone's " + name.encode())
+    theirs, ours = snapshot(elsewhere), snapshot(folder)
+    (folder / PARTS).symlink_to(elsewhere)  # ln -s /some/dir O/.parts
+    named = f"ladder-data: error: {folder / PARTS} is a symbolic link; "
+    source = write_docs(tmp_path / "src", 3)
+    assert_bad_input("ladder-data", prepare_argv(source, folder, "--overwrite"), named, capsys, monkeypatch)
+    assert snapshot(elsewhere) == theirs and snapshot(folder) == ours and (folder / PARTS).is_symlink()
+
+
+@pytest.mark.parametrize("name", [TOKENS_NAME, OFFSETS_NAME, TOKEN_FOLDER_META])
+def test_a_link_planted_as_one_of_prepares_files_is_refused_with_overwrite_and_its_target_is_untouched(
+    tmp_path, capsys, monkeypatch, name
+):
+    folder = token_folder(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"someone's file\n")
+    (folder / name).unlink()
+    (folder / name).symlink_to(victim)
+    named = f"ladder-data: error: {folder / name} is a symbolic link; "
+    source = write_docs(tmp_path / "src", 3)
+    assert_bad_input("ladder-data", prepare_argv(source, folder, "--overwrite"), named, capsys, monkeypatch)
+    assert victim.read_bytes() == b"someone's file\n" and (folder / name).is_symlink()
+
+
 def test_a_lock_file_left_by_a_killed_prepare_blocks_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

@@ -16,7 +16,20 @@ import pytest
 from cli_errors import planted_fifo
 
 from ladder_train.errors import InputError
-from ladder_train.folders import LockHeld, folder_kind, is_plain_file, lock_folder, lock_holder
+from ladder_train.folders import (
+    LockHeld,
+    copy_to,
+    folder_kind,
+    is_plain_file,
+    lock_folder,
+    lock_holder,
+    make_folder,
+    open_to_write,
+    remove_written,
+    remove_written_tree,
+    replace_written,
+    write_text,
+)
 
 NAME = "x.lock"
 
@@ -161,3 +174,64 @@ def test_folder_kind_names_a_fifo_where_a_deciding_file_belongs(tmp_path, name, 
     with planted_fifo(tmp_path / name) as fifo, pytest.raises(InputError, match=f"^{tmp_path / name}: a FIFO"):
         folder_kind(tmp_path)
     assert not fifo["opened"]
+
+
+# -- nothing written through a link ----------------------------------------------------------------------------
+
+WRITERS = {
+    "write_text": lambda path, tmp: write_text(path, "new"),
+    "open_to_write a": lambda path, tmp: open_to_write(path, "a").close(),
+    "open_to_write wb": lambda path, tmp: open_to_write(path, "wb").close(),
+    "copy_to": lambda path, tmp: copy_to(tmp / "source", path),
+    "replace_written": lambda path, tmp: replace_written(write_text(tmp / "source", "new"), path),
+    "remove_written": lambda path, tmp: remove_written(path),
+}
+
+
+@pytest.mark.parametrize("writer", WRITERS)
+@pytest.mark.parametrize("dangling", [False, True])
+def test_every_writer_refuses_a_link_in_one_line_naming_it_and_the_target_is_untouched(tmp_path, writer, dangling):
+    (tmp_path / "source").write_text("new")
+    victim = tmp_path / ("nowhere" if dangling else "victim")
+    if not dangling:
+        victim.write_bytes(b"someone's file\n")
+    (tmp_path / "folder").mkdir()
+    link = tmp_path / "folder" / "file"
+    link.symlink_to(victim)
+    with pytest.raises(InputError) as refused:
+        WRITERS[writer](link, tmp_path)
+    message = str(refused.value)
+    assert message.startswith(f"{link} is a symbolic link; ") and "\n" not in message
+    assert link.is_symlink() and (victim.read_bytes() == b"someone's file\n" if not dangling else not victim.exists())
+
+
+def test_folders_the_project_makes_or_removes_are_never_links_and_nothing_behind_one_is_deleted(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_text("mine")
+    for name in ("made", "removed"):
+        (tmp_path / name).symlink_to(elsewhere)
+    for call, path in ((make_folder, tmp_path / "made"), (remove_written_tree, tmp_path / "removed")):
+        with pytest.raises(InputError, match=f"^{path} is a symbolic link; a folder of this project is never"):
+            call(path)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["theirs"] and (elsewhere / "theirs").read_text() == "mine"
+    tree = make_folder(tmp_path / "tree" / "deep")
+    (tree / "to-elsewhere").symlink_to(elsewhere)  # a link inside a folder of the project's goes as an entry
+    remove_written_tree(tmp_path / "tree")
+    assert not (tmp_path / "tree").exists() and (elsewhere / "theirs").read_text() == "mine"
+    with pytest.raises(InputError, match="is a folder, where this project writes a file"):
+        remove_written(elsewhere)
+
+
+def test_the_writers_write_and_remove_plain_files(tmp_path):
+    path = write_text(tmp_path / "a.txt", "one\n")
+    with open_to_write(path, "a") as handle:
+        handle.write("two\n")
+    assert path.read_text() == "one\ntwo\n"
+    write_text(path, "three\n")
+    assert copy_to(path, tmp_path / "b.txt").read_text() == "three\n"
+    replace_written(tmp_path / "b.txt", path)
+    assert path.read_text() == "three\n" and not (tmp_path / "b.txt").exists()
+    remove_written(path)
+    remove_written(path)  # nothing there: nothing to do
+    assert not path.exists()

@@ -8,7 +8,8 @@ one inside ``.parts/`` stops the prepare before any work.
 While a prepare works it holds ``OUT_DIR/.ladder-data.lock`` (folders.lock_folder, the trainer's run.dir lock too):
 a second prepare into the folder is refused in one line naming the holder. The kernel drops the lock when its process
 dies, however it dies, so a lock file left by a killed prepare blocks nothing; the file is removed on a normal exit.
-A link planted where the lock file belongs is refused in one line, and the file it points at is not touched.
+A link planted where the lock file, ``.parts/`` or one of prepare's files belongs is refused in one line
+(folders.py's rule for every file the project writes), and what it points at is not touched.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import DataError
-from ..folders import TOKEN_FOLDER_META, LockHeld, lock_folder, lock_holder
+from ..folders import TOKEN_FOLDER_META, LockHeld, lock_folder, lock_holder, refuse_link, remove_written
 from .token_files import OFFSETS_NAME, TOKENS_NAME
 
 PARTS = ".parts"  # the folder's scratch space while it is being written
@@ -69,7 +70,7 @@ def check_contents(out: Path, overwrite: bool) -> None:
 def _check_own_kinds(out: Path, own: list[str]) -> None:
     """What --overwrite would replace must be prepare's: files by prepare's names, a .parts folder of parts."""
     for name in own:
-        path = out / name
+        path = refuse_link(out / name, "a file of ladder-data prepare")
         if name != PARTS and path.is_dir():
             raise DataError(f"OUT_DIR: {path} is a folder, not a file ladder-data prepare writes; move it elsewhere")
     parts = out / PARTS
@@ -87,14 +88,14 @@ def _check_own_kinds(out: Path, own: list[str]) -> None:
 def remove_parts(out: Path) -> None:
     """Delete prepare's own files in ``.parts/`` (and the folder once empty) and a metadata file left half written;
     anything else stays."""
-    parts = out / PARTS
+    parts = refuse_link(out / PARTS, "ladder-data prepare's parts folder")
     if parts.is_dir():
         for path in parts.iterdir():
             if OWN_PART.fullmatch(path.name) and not path.is_dir():
-                path.unlink(missing_ok=True)
+                remove_written(path)
         if not any(parts.iterdir()):
             parts.rmdir()
-    (out / PARTIAL_META).unlink(missing_ok=True)
+    remove_written(out / PARTIAL_META)
 
 
 @contextmanager

@@ -37,7 +37,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import DataError
-from ..folders import TOKEN_FOLDER_META
+from ..folders import TOKEN_FOLDER_META, replace_written, write_text
 
 TOKENS_NAME = "tokens.bin"
 OFFSETS_NAME = "offsets.bin"
@@ -281,8 +281,8 @@ def write_meta(folder: Path, meta: dict) -> Path:
     """The metadata file, written last and atomically: its presence marks the folder complete."""
     path = folder / TOKEN_FOLDER_META
     partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
-    partial.replace(path)
+    write_text(partial, json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    replace_written(partial, path)
     return path
 
 

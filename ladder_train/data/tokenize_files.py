@@ -32,6 +32,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from ..errors import DataError
+from ..folders import open_to_write, remove_written, replace_written
 from .out_folder import PARTS, check_contents, check_out_dir, locked, remove_parts
 from .packing import document_groups, document_ids
 from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message
@@ -80,7 +81,10 @@ def _tokenize_shard(task: tuple) -> tuple[int, int, int]:
     separator, vocab_size = eos_id(tokenizer), tokenizer.get_vocab_size(with_added_tokens=True)
     n_docs = n_tokens = 0
     largest = -1
-    with open(parts / f"{index:06d}.tokens", "wb") as tokens, open(parts / f"{index:06d}.lengths", "wb") as lengths:
+    with (
+        open_to_write(parts / f"{index:06d}.tokens", "wb") as tokens,
+        open_to_write(parts / f"{index:06d}.lengths", "wb") as lengths,
+    ):
         for texts in _documents(shard, column, source, split):
             ids = _ids(texts, tokenizer, separator, vocab_size, source)
             flat = np.fromiter(chain.from_iterable(ids), dtype=DTYPES[dtype], count=sum(map(len, ids)))
@@ -127,8 +131,8 @@ class _Assembler:
 
     def __init__(self, parts: Path):
         self.parts = parts
-        self.tokens = open(parts / TOKENS_NAME, "wb")  # noqa: SIM115 - closed by close()
-        self.offsets = open(parts / OFFSETS_NAME, "wb")  # noqa: SIM115
+        self.tokens = open_to_write(parts / TOKENS_NAME, "wb")  # closed by close()
+        self.offsets = open_to_write(parts / OFFSETS_NAME, "wb")
         self.offsets.write(np.zeros(1, dtype=OFFSET_DTYPE).tobytes())
         self.n_tokens = self.n_docs = 0
         self.largest = -1
@@ -142,8 +146,8 @@ class _Assembler:
         self.offsets.write((self.n_tokens + np.cumsum(lengths, dtype=np.int64)).astype(OFFSET_DTYPE).tobytes())
         self.n_tokens += int(lengths.sum())
         self.n_docs += len(lengths)
-        os.remove(f"{part}.tokens")
-        os.remove(f"{part}.lengths")
+        remove_written(f"{part}.tokens")
+        remove_written(f"{part}.lengths")
 
     def close(self) -> None:
         self.tokens.close()
@@ -290,7 +294,7 @@ def _meta(source, split, hub_config, text_column, shards, tokenizer, identity, d
 def _publish(out: Path, meta: dict) -> None:
     """Move the assembled files from .parts into place, the metadata last. A run reading the folder being replaced
     keeps its own open files: a rename leaves them as they were, where writing in place would cut them short."""
-    (out / TOKEN_FOLDER_META).unlink(missing_ok=True)  # the folder is incomplete until the new metadata is written
+    remove_written(out / TOKEN_FOLDER_META)  # the folder is incomplete until the new metadata is written
     for name in (TOKENS_NAME, OFFSETS_NAME):
-        os.replace(out / PARTS / name, out / name)
+        replace_written(out / PARTS / name, out / name)
     write_meta(out, meta)
