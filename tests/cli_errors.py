@@ -36,13 +36,13 @@ def run_cli(prog: str, argv: list[str], capsys, monkeypatch) -> tuple[int, str, 
     return status, out, err
 
 
-def assert_bad_input(prog: str, argv: list[str], named: str, capsys, monkeypatch) -> None:
-    """``prog argv`` exits 2 with one line ``PROG: error: ...`` that contains ``named``."""
+def assert_bad_input(prog: str, argv: list[str], named: str | tuple[str, ...], capsys, monkeypatch) -> None:
+    """``prog argv`` exits 2 with one line ``PROG: error: ...`` that contains ``named`` (each of them, for a tuple)."""
     status, _, err = run_cli(prog, argv, capsys, monkeypatch)
     assert status == 2, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(prog) and ": error: " in lines[0], err
-    assert named in lines[0], err
+    assert all(part in lines[0] for part in ((named,) if isinstance(named, str) else named)), err
 
 
 @contextlib.contextmanager

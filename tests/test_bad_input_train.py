@@ -15,6 +15,7 @@ from cli_errors import assert_bad_input, run_cli
 from ladder_train.checkpoint import Checkpointer, CheckpointError
 from ladder_train.checkpoint.safe_load import check_trainer_counters
 from ladder_train.config import load_config
+from ladder_train.errors import InputError
 from ladder_train.model import ModelArgs, Transformer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,8 +40,7 @@ def test_a_hand_edited_skip_file_is_refused_in_one_line(tmp_path, capsys, monkey
     run.mkdir()
     (run / "skip_batches.json").write_text(text)
     argv = ["--config", SMOKE, f"run.dir={run}", "train.max_steps=1", *QUICK]
-    assert_bad_input("ladder-train", argv, f"{run / 'skip_batches.json'}: ", capsys, monkeypatch)
-    assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
+    assert_bad_input("ladder-train", argv, (f"{run / 'skip_batches.json'}: ", named), capsys, monkeypatch)
     assert not (run / "checkpoints").exists()  # refused before any step
 
 
@@ -132,3 +132,49 @@ def test_run_folders_the_file_system_refuses_are_one_line(tmp_path, capsys, monk
         argv = ["--config", SMOKE, f"run.dir={run_dir}", "train.max_steps=1", *QUICK]
         assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
     assert [p.name for p in tmp_path.iterdir()] == ["loop"]
+
+
+# -- nothing written through a link planted in the run folder ---------------------------------------------------
+
+VICTIM = b"someone's file\n"
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim"
+    victim.write_bytes(VICTIM)
+    return victim
+
+
+@pytest.mark.parametrize("name", ["run.lock", "config.yaml", "metrics.jsonl", "summary.json", "skip_batches.json"])
+def test_a_link_planted_in_the_run_folder_is_refused_in_one_line_and_its_target_is_untouched(
+    tmp_path, capsys, monkeypatch, name
+):
+    victim = _victim(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(victim)  # ln -s ~/victim RUN/config.yaml, then train into RUN
+    argv = ["--config", SMOKE, f"run.dir={run}", "train.max_steps=1", *QUICK]
+    named = f"ladder-train: error: {run / name} is a symbolic link; "
+    assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
+    assert victim.read_bytes() == VICTIM
+    assert [p.name for p in run.iterdir()] == [name] and (run / name).is_symlink()  # refused before any work
+
+
+def test_a_link_planted_in_the_checkpoint_folder_is_refused_and_nothing_behind_it_is_touched(tmp_path):
+    checkpointer, model, optimizer = _tiny_checkpointer(tmp_path / "run")
+    victim, elsewhere = _victim(tmp_path), tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_bytes(VICTIM)
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    for name in ("step-1.partial", "step-2"):  # the folder being written, and the one it is renamed to
+        (folder / name).symlink_to(elsewhere)
+        with pytest.raises(InputError, match=f"^{folder / name} is a symbolic link; "):
+            checkpointer.save(int(name[5]), model, optimizer, {"step": 1}, {})
+        (folder / name).unlink()
+    assert [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM
+    (folder / "step-3.partial").mkdir()  # a killed save's folder, with a link planted in it: removed as an entry
+    (folder / "step-3.partial" / "COMPLETE").symlink_to(victim)
+    saved = checkpointer.save(3, model, optimizer, {"step": 3}, {})
+    assert (saved / "COMPLETE").read_text() == "step 3\n" and not (saved / "COMPLETE").is_symlink()
+    assert victim.read_bytes() == VICTIM
