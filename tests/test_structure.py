@@ -267,6 +267,45 @@ def test_every_third_party_import_is_declared_with_a_sufficient_floor():
     assert declared["lm-eval"] >= (0, 4, 12)  # TaskManager.task_index entries with .cfg
 
 
+def _is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+
+
+def _top_level_calls(body: list[ast.stmt]) -> list[str]:
+    """The names called by the statements a module runs on import, outside its ``__main__`` guard (not inside the
+    functions and classes it defines)."""
+    called = []
+    for node in body:
+        if _is_main_guard(node) or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            func = call.func
+            called.append(func.attr if isinstance(func, ast.Attribute) else ast.unparse(func))
+    return called
+
+
+def unguarded_entry(filename: str, text: str) -> bool:
+    """Whether a module entry runs when imported, as a spawned or fork-server process imports its parent's main
+    module (the loader's workers, workers.py): a ``__main__.py`` that calls anything outside an
+    ``if __name__ == "__main__":`` guard, or any module calling ``main(...)`` outside one."""
+    called = _top_level_calls(ast.parse(text).body)
+    return bool(called) if filename == "__main__.py" else "main" in called
+
+
+def test_the_entry_check_finds_an_unguarded_main_call():
+    assert unguarded_entry("__main__.py", "import sys\nfrom .cli import run\nsys.exit(run())\n")
+    assert unguarded_entry("tool.py", "def main():\n    pass\n\nmain()\n")
+    assert unguarded_entry("tool.py", "import sys\nsys.exit(cli.main())\n")
+    guarded = "import sys\n\ndef main():\n    return 0\n\nif __name__ == '__main__':\n    sys.exit(main())\n"
+    assert not unguarded_entry("__main__.py", guarded) and not unguarded_entry("tool.py", guarded)
+    assert not unguarded_entry("tables.py", "TABLES = load()\n")  # a library module computing data on import
+
+
+def test_every_module_entry_has_its_main_guard():
+    unguarded = [name for name, path in all_modules().items() if unguarded_entry(path.name, path.read_text())]
+    assert unguarded == []
+
+
 SPAWNERS = ("run_ranks", "subprocess", "Popen", "mp.spawn", "torch.distributed.run", "_study_cmd", "run_bench")
 
 

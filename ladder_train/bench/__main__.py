@@ -4,4 +4,5 @@ import sys
 
 from ..cli import ladder_bench
 
-sys.exit(ladder_bench())
+if __name__ == "__main__":
+    sys.exit(ladder_bench())

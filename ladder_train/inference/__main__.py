@@ -5,4 +5,5 @@ import sys
 
 from ..cli import ladder_generate
 
-sys.exit(ladder_generate())
+if __name__ == "__main__":
+    sys.exit(ladder_generate())

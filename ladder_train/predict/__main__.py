@@ -4,4 +4,5 @@ import sys
 
 from ..cli import ladder_predict
 
-sys.exit(ladder_predict())
+if __name__ == "__main__":
+    sys.exit(ladder_predict())
