@@ -36,6 +36,7 @@ from .config_checks import (
     quote,
 )
 from .errors import ConfigError
+from .folders import write_text
 from .model import PRESETS, ModelArgs
 from .paper import PAPER_TASKS
 
@@ -361,7 +362,7 @@ def to_yaml(cfg: Config) -> str:
 def save_config(cfg: Config, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_yaml(cfg))
+    write_text(path, to_yaml(cfg))  # never through a link planted in the run folder
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

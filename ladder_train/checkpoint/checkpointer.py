@@ -33,7 +33,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import CheckpointConfig
-from ..folders import COMPLETE_MARKER, complete_checkpoints, folder_kind
+from ..folders import (
+    COMPLETE_MARKER,
+    complete_checkpoints,
+    folder_kind,
+    make_folder,
+    remove_written_tree,
+    write_text,
+)
 from .integrity import (
     CheckpointError,
     checkpoint_failure,
@@ -121,8 +128,8 @@ class Checkpointer:
         final = self.folder / f"step-{step}"
         partial = self.folder / f"step-{step}.partial"
         if is_main_process():
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
+            remove_written_tree(partial)  # never through a link (folders.py's rule for what the project writes)
+            make_folder(partial)
         _barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {
@@ -171,13 +178,13 @@ class Checkpointer:
         _barrier()  # every rank's shards are on disk
         write_manifest(partial)
         if is_main_process():
-            (partial / COMPLETE_MARKER).write_text(f"step {step}\n")
+            write_text(partial / COMPLETE_MARKER, f"step {step}\n")
             final = partial.with_name(f"step-{step}")
-            shutil.rmtree(final, ignore_errors=True)
+            remove_written_tree(final)
             partial.rename(final)
             if self.cfg.keep > 0:  # keep=0 keeps every checkpoint
                 for old in complete_checkpoints(self.folder)[: -self.cfg.keep]:
-                    shutil.rmtree(old, ignore_errors=True)
+                    remove_written_tree(old)
         _barrier()
 
     # load ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..errors import RunFailed
-from ..folders import COMPLETE_MARKER, complete_checkpoints, is_file_name, is_plain_file, step_number
+from ..folders import COMPLETE_MARKER, complete_checkpoints, is_file_name, is_plain_file, step_number, write_text
 
 MANIFEST = "MANIFEST.json"
 
@@ -116,7 +116,7 @@ def write_manifest(folder: Path) -> None:
     entries = _gathered(mine)
     if rank == 0:
         files = {name: {"bytes": size, "sha256": digest} for name, size, digest in sorted(entries)}
-        (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
+        write_text(folder / MANIFEST, json.dumps({"files": files}, indent=1) + "\n")
 
 
 # files this process has checked against a manifest -> (device, inode, size, mtime, the manifest's sha256) then: a

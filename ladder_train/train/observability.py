@@ -30,6 +30,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from ..config import Config, ProfileConfig, to_dict
+from ..folders import make_folder, open_to_write, refuse_link
 from ..gpu_cards import peak_flops_for
 
 # -- every step's figures ----------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ class MetricLogger:
             return
         # the wall-clock time is in the file only, so the order of runs and their duration are in the data
         row = {**metrics, "time": datetime.now(UTC).isoformat(timespec="seconds")}
-        with self.path.open("a") as f:
+        with open_to_write(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         if console and "loss" in metrics:
             print(format_line(metrics), flush=True)
@@ -223,7 +224,7 @@ class StepProfiler:
         # memory snapshots need the CUDA caching allocator; on the CPU profile.profile_memory is the memory view
         self._memory = cfg.memory_snapshot_step is not None and device.type == "cuda"
         if cfg.enabled or self._memory:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            make_folder(self.folder)
         if self._memory:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
         if cfg.enabled:
@@ -274,11 +275,11 @@ class StepProfiler:
     def _export(self, prof) -> None:
         steps = self._recorded or [(self._last_step or 0) + 1]  # stopped in the first traced step: that one
         path = self.folder / f"rank{self.rank}_steps{steps[0]}-{steps[-1]}.pt.trace.json"
-        prof.export_chrome_trace(str(path))
+        prof.export_chrome_trace(str(refuse_link(path)))
         self.traces.append(path)
         self._recorded = []
 
     def _dump_memory(self, name: str) -> Path:
         path = self.folder / name
-        torch.cuda.memory._dump_snapshot(str(path))
+        torch.cuda.memory._dump_snapshot(str(refuse_link(path)))
         return path

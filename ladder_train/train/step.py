@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from ..config import TrainConfig
 from ..data.protocol import Batch
 from ..errors import InputError, RunFailed
+from ..folders import replace_written, write_text
 from ..parallel import MicroBatchPlan
 
 
@@ -314,5 +315,5 @@ def record_skipped_batch(run_dir: Path, batch: int, step: int, result: dict, is_
     recorded["spikes"].append({**spike, "z": result["spike"]})
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / SKIP_FILE
-    path.with_suffix(".tmp").write_text(json.dumps(recorded, indent=1) + "\n")
-    path.with_suffix(".tmp").replace(path)  # a reader never sees half a file
+    write_text(path.with_suffix(".tmp"), json.dumps(recorded, indent=1) + "\n")
+    replace_written(path.with_suffix(".tmp"), path)  # a reader never sees half a file

@@ -25,7 +25,7 @@ from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
-from ..folders import FolderLock, LockHeld, lock_folder
+from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, write_text
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -44,9 +44,10 @@ from .memory_plan import unsharded_fits
 from .observability import MetricLogger, StepProfiler, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
 from .run_state import RunState
-from .step import StabilityGuard, StepOutcome, accumulate_gradients, clip_and_reduce
+from .step import SKIP_FILE, StabilityGuard, StepOutcome, accumulate_gradients, clip_and_reduce
 
 LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", SKIP_FILE)  # what the trainer writes into RUN_DIR
 
 
 class RunDirLocked(RunFailed):
@@ -59,9 +60,12 @@ class RunDirLocked(RunFailed):
 
 def lock_run_dir(run_dir: Path) -> FolderLock:
     """Take ``RUN_DIR/run.lock`` for this process (folders.lock_folder: released when the process dies, not held
-    by forked data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock is a link.
-    The lock lasts until the returned lock is closed: one trainer per run folder."""
+    by forked data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock, or a file
+    the trainer writes (RUN_FILES), is a link. The lock lasts until the returned lock is closed: one trainer per
+    run folder."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:  # refused before any work; each is written through folders.py's rule too
+        refuse_link(run_dir / name, "a run folder's file")
     try:
         return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
     except LockHeld as err:
@@ -361,7 +365,7 @@ class Trainer:
             summary = {"finished": True, "step": self.step, "tokens": self.tokens_seen}
             if history:
                 summary["final_loss"] = history[-1]["loss"]
-            (self.run_dir / "summary.json").write_text(json.dumps(summary) + "\n")
+            write_text(self.run_dir / "summary.json", json.dumps(summary) + "\n")
 
     def _stop_for_preemption(self):
         self.save_checkpoint()
