@@ -138,12 +138,19 @@ def cmd_study(argv: list[str]) -> int:
         metavar="DIR",
         help="copy each finished point's config, metrics and eval results to DIR/<point>/ (to commit), run nothing",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --collect: write into point folders that hold other files too (those stay)",
+    )
     args = parser.parse_args(argv)
     if args.config is None:
         parser.error("--config is required")
+    if args.overwrite and args.collect is None:
+        parser.error("--overwrite: only with --collect")
     study = Study(args.config, args.overrides)
     if args.collect is not None:
-        written = study.collect(args.collect)
+        written = study.collect(args.collect, overwrite=args.overwrite)
         print(f"study {study.dir}: {len(written)} of {len(study.points)} points finished, copied to {args.collect}")
         return 0
     if args.point is not None:

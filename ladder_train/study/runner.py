@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import InputError, Preempted, RunFailed
+from ..folders import copy_to, make_folder, open_to_write, refuse_link
 from ..lifetime import PREEMPTION_SIGNALS, ends_with_this_process
 from .grid import Point, fixed_overrides, grid
 
@@ -69,29 +69,31 @@ class Study:
             )
         return self.points[index]
 
-    def collect(self, dest: Path) -> list[Path]:
+    def collect(self, dest: Path, overwrite: bool = False) -> list[Path]:
         """Copy each finished point's small results (RESULT_FILES and eval/*.json) to ``dest``/<point>/; points
-        still running are left out. Returns the folders written."""
+        still running are left out. Returns the folders written. A point folder that holds other files is written
+        into only with ``overwrite`` (its other files stay); a link where a copy goes is refused (folders.py's rule);
+        both are checked for every point before any copy."""
         # inside the study the copies would land on (or among) the files they are copied from
         if Path(dest).resolve().is_relative_to(self.dir.resolve()):
             raise InputError(
                 f"--collect {dest}: it is inside the study's folder {self.dir}; choose a folder outside it"
             )
-        written = []
+        copies = []
         for point in self.points:
             run_dir = point.run_dir(self.dir)
-            if not finished(run_dir):
-                continue
-            out = Path(dest) / point.name
-            (out / "eval").mkdir(parents=True, exist_ok=True)
-            for name in RESULT_FILES:
-                shutil.copy2(run_dir / name, out / name)
-            for result in sorted((run_dir / "eval").glob("*.json")):
-                shutil.copy2(result, out / "eval" / result.name)
-            if not any((out / "eval").iterdir()):
-                (out / "eval").rmdir()
-            written.append(out)
-        return written
+            if finished(run_dir):
+                results = sorted((run_dir / "eval").glob("*.json"))
+                files = [(run_dir / name, name) for name in RESULT_FILES] + [(r, f"eval/{r.name}") for r in results]
+                copies.append((Path(dest) / point.name, files))
+                _check_point_folder(dest, *copies[-1], overwrite)
+        for out, files in copies:
+            make_folder(out)
+            if any("/" in name for _, name in files):
+                make_folder(out / "eval")
+            for source, name in files:
+                copy_to(source, out / name)
+        return [out for out, _ in copies]
 
     def run_all(self) -> None:
         """Run the unfinished points in order, until one fails or a signal stops the study (module docstring)."""
@@ -123,7 +125,7 @@ class Study:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_RUN_GROUP": group}
         # the trainer writes its own log (it outlives a killed study long enough to save); the study echoes it
         log_path = run_dir / "train.log"
-        with open(log_path, "a") as log, open(log_path) as echo:
+        with open_to_write(log_path, "a") as log, open(log_path) as echo:
             echo.seek(0, os.SEEK_END)
             child = _start_trainer(cmd, log, env)
             stop.attach(child)
@@ -148,6 +150,30 @@ class Study:
             raise RunFailed(
                 f"point {point.index} ({point.name}) failed with exit status {code}; its log: {run_dir}/train.log"
             )
+
+
+def _check_point_folder(dest: Path, out: Path, files: list[tuple[Path, str]], overwrite: bool) -> None:
+    """``--collect``'s point folder ``out`` may take ``files``: no link where a copy or its folder goes, and
+    nothing but collect's own files in it unless ``overwrite``."""
+    for path in (out, out / "eval", *(out / name for _, name in files)):
+        refuse_link(path, "a --collect copy")
+    for path in (out, out / "eval"):
+        if path.exists() and not path.is_dir():
+            raise InputError(f"--collect {dest}: {path} is not a folder, where collect writes one; move it elsewhere")
+    for path in (out / name for _, name in files):
+        if path.is_dir():
+            raise InputError(f"--collect {dest}: {path} is a folder, where collect copies a file; move it elsewhere")
+    if overwrite or not out.is_dir():
+        return
+    theirs = [p.name for p in out.iterdir() if p.name not in RESULT_FILES and p.name != "eval"]
+    if (out / "eval").is_dir():
+        theirs += [f"eval/{p.name}" for p in (out / "eval").iterdir() if p.suffix != ".json"]
+    if theirs:
+        shown = ", ".join(sorted(theirs)[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise InputError(
+            f"--collect {dest}: {out} holds files study --collect does not write ({shown}); pass --overwrite to "
+            "write its files beside them, or choose another folder"
+        )
 
 
 def _start_trainer(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
