@@ -93,6 +93,21 @@ def test_a_folder_where_the_weights_go_is_one_line(run_dir, tmp_path, capsys, mo
     assert_bad_input("ladder-export", [checkpoint, str(out), "--overwrite"], named, capsys, monkeypatch)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "README.md", "generation_config.json", "tokenizer.json"])
+def test_a_link_planted_where_an_export_file_goes_is_refused_and_its_target_is_untouched(
+    run_dir, tmp_path, capsys, monkeypatch, name
+):
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    victim.write_bytes(b"someone's file\n")
+    (out / name).symlink_to(victim)
+    argv = [str(run_dir / "checkpoints" / "step-5"), str(out)]
+    assert_bad_input("ladder-export", argv, "not empty", capsys, monkeypatch)
+    named = f"{out / name}: a symbolic link is where the export writes its {name}"
+    assert_bad_input("ladder-export", [*argv, "--overwrite"], named, capsys, monkeypatch)
+    assert victim.read_bytes() == b"someone's file\n" and [p.name for p in out.iterdir()] == [name]
+
+
 def test_a_shard_index_that_would_shadow_the_weights_is_refused(run_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ..folders import is_plain_file
+from ..folders import is_plain_file, write_text
 from ..model import ModelArgs
 from ..model.hf_format import is_llama
 
@@ -185,5 +185,4 @@ def model_card(facts: CardFacts, n_params: int) -> str:
 
 def write_model_card(out_dir: Path, facts: CardFacts, n_params: int) -> Path:
     path = Path(out_dir) / CARD_FILE
-    path.write_text(model_card(facts, n_params))
-    return path
+    return write_text(path, model_card(facts, n_params))

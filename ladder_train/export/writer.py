@@ -11,7 +11,6 @@ the umask gives (readable by a cluster's other users under the usual umask 022).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -28,12 +27,16 @@ from ..folders import (
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
     complete_checkpoints,
+    copy_to,
     folder_kind,
     is_plain_file,
     read_optional_json,
+    refuse_link,
+    remove_written,
     run_config_path,
     step_number,
     token_text,
+    write_text,
 )
 from ..hf import MODEL_FILES
 from ..loading import load_model, model_from_checkpoint
@@ -82,7 +85,7 @@ def export_folder(source: Path, out_dir: Path, dtype: torch.dtype = torch.float3
     clear_previous_export(out_dir, source)
     for name in (TOKENIZER_FILE, TOKENIZER_CONFIG, GENERATION_CONFIG):
         if is_plain_file(source / name):
-            shutil.copyfile(source / name, out_dir / name)
+            copy_to(source / name, out_dir / name)
     tokenizer = _read_tokenizer(out_dir / TOKENIZER_FILE)
     facts = CardFacts(
         name=out_dir.name,
@@ -151,7 +154,7 @@ def clear_previous_export(out_dir: Path, source: Path) -> None:
         raise InputError(problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in EXPORT_FILES:
-        (out_dir / name).unlink(missing_ok=True)
+        remove_written(out_dir / name)
 
 
 def _finish(model, out_dir: Path, dtype: torch.dtype, tokenizer, facts: CardFacts) -> Path:
@@ -160,7 +163,7 @@ def _finish(model, out_dir: Path, dtype: torch.dtype, tokenizer, facts: CardFact
     save_export(model, out_dir, dtype, token_ids)
     if token_ids:
         generation = {**read_optional_json(out_dir / GENERATION_CONFIG), **token_ids}
-        (out_dir / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
+        write_text(out_dir / GENERATION_CONFIG, json.dumps(generation, indent=2) + "\n")
     write_model_card(out_dir, facts, sum(p.numel() for p in model.parameters()))
     return out_dir
 
@@ -181,7 +184,7 @@ def _token_ids(out_dir: Path, tokenizer, vocab_size: int) -> dict:
     )
     if not tokenizer_config:
         minimal = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tokenizer.id_to_token(eos[0])}
-        (out_dir / TOKENIZER_CONFIG).write_text(json.dumps(minimal, indent=2) + "\n")
+        write_text(out_dir / TOKENIZER_CONFIG, json.dumps(minimal, indent=2) + "\n")
     return {
         "bos_token_id": eos[0] if bos is None else bos,
         "eos_token_id": eos[0] if len(eos) == 1 else eos,
@@ -199,12 +202,12 @@ def _write_run_tokenizer(cfg, out_dir: Path):
         print(f"warning: the export has no tokenizer.json ({err})", file=sys.stderr)
         return None
     try:
-        tokenizer.save(str(out_dir / TOKENIZER_FILE))
+        tokenizer.save(str(refuse_link(out_dir / TOKENIZER_FILE)))
     except Exception as err:  # the tokenizers library's own error, which names its OS error only in its text
         raise os_error_of(err, out_dir / TOKENIZER_FILE) from None
     folder = run_tokenizer_config_folder(cfg.data)
     if folder is not None:  # a model adapted from a pretrained folder keeps its chat format and eos
-        shutil.copyfile(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)
+        copy_to(folder / TOKENIZER_CONFIG, out_dir / TOKENIZER_CONFIG)
     return tokenizer
 
 

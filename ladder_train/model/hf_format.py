@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import torch
 
 from ..errors import InputError
-from ..folders import INDEX_FILE, WEIGHTS_FILE, is_file_name, is_plain_file
+from ..folders import INDEX_FILE, WEIGHTS_FILE, copy_to, is_file_name, is_plain_file, refuse_link, write_text
 from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
 from ..hf import AUTO_MAP, model_file_paths
 from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE
@@ -257,10 +256,10 @@ def save_export(
     out.mkdir(parents=True, exist_ok=True)
     tensors = {to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_weights(tensors, out / WEIGHTS_FILE)
-    (out / "config.json").write_text(json.dumps(hf_config(model.args, dtype, token_ids), indent=2) + "\n")
+    write_text(out / "config.json", json.dumps(hf_config(model.args, dtype, token_ids), indent=2) + "\n")
     if not is_llama(model.args):
         for file in model_file_paths():
-            shutil.copyfile(file, out / file.name)
+            copy_to(file, out / file.name)
     return out
 
 
@@ -270,6 +269,7 @@ def save_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
     and an OS failure (a folder in the way, no permission, no space) is raised as the OSError it is."""
     from safetensors.torch import save_file
 
+    refuse_link(path)  # safetensors renames its file into place, but the chmod after it would follow a link
     try:
         save_file(tensors, path, metadata={"format": "pt"})
     except Exception as err:  # safetensors' SafetensorError
