@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .errors import InputError
+from .folders import open_to_write
 
 # a distribution over the timed runs (bench/results.py ``distribution``): p50, p90, p99, mean, sd, samples
 _DISTRIBUTION = "{p50, p90, p99, mean, sd (null for one run), samples (in run order)}"
@@ -100,6 +101,6 @@ def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
 def write_rows(rows: list[dict], path: str | Path) -> None:
     """Append ``rows`` to a JSON lines file (its folder made if needed)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with open_to_write(path, "a") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")

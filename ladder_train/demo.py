@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from .folders import remove_written, remove_written_tree
 from .lifetime import ends_with_this_process
 from .model import PAPER_LAYOUTS
 from .report import write_report
@@ -42,14 +42,14 @@ def run_demo(out: Path, steps: int, link_latency_ms: float) -> Path:
         print("demo: ../shared/eval not found: skipping the lm-eval step (validation loss only)", flush=True)
     runs = [_train_layout(layout, out / layout, steps, shared_eval, env) for layout in PAPER_LAYOUTS]
     bench = out / "bench.jsonl"
-    bench.unlink(missing_ok=True)
+    remove_written(bench)
     _benchmark(bench, link_latency_ms, env)
     return write_report(runs, out / "report", [bench])
 
 
 def _train_layout(layout: str, run_dir: Path, steps: int, shared_eval: Path | None, env: dict) -> Path:
     if run_dir.exists():  # a fresh demo each time, not an auto-resume of the last one
-        shutil.rmtree(run_dir)
+        remove_written_tree(run_dir)
     cmd = [sys.executable, "-m", "ladder_train.train", "--config", str(REPO / "recipes" / "smoke.yaml")]
     cmd += [f"run.name=demo_{layout}", f"run.dir={run_dir}", f"model.residual={layout}", f"train.max_steps={steps}"]
     cmd += [f"train.schedule.total_steps={steps}", "eval.val_every=50", "eval.val_batches=8", "checkpoint.keep=1"]

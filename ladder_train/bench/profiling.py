@@ -14,6 +14,8 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ..folders import refuse_link
+
 
 def trace_generations(folder: str, entries: list, batch: int, device, generate: Callable) -> Path:
     """Runs ``generate(gen)`` once for every (model, communicator) of ``entries`` (runner.load_entries) under
@@ -29,5 +31,5 @@ def trace_generations(folder: str, entries: list, batch: int, device, generate: 
                     generate(gen)
     path = Path(folder) / f"rank{rank}_batch{batch}.pt.trace.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    prof.export_chrome_trace(str(path))
+    prof.export_chrome_trace(str(refuse_link(path)))
     return path

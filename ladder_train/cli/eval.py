@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..evaluation.adapter import EvalError
 from ..evaluation.task_registry import LOCAL_TASKS, PAPER_TASKS
+from ..folders import write_text
 from .args import Parser, positive_int
 
 DESCRIPTION = f"""Evaluate a Hugging Face Llama folder (an export written by ladder-export, or a pretrained Llama) on
@@ -105,6 +106,6 @@ def run(argv: list[str]) -> int:
         }
         record = json.loads(out.read_text()) if tasks else {}  # this invocation's task results, if any
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**record, "held_out": held_out}, indent=2) + "\n")
+        write_text(out, json.dumps({**record, "held_out": held_out}, indent=2) + "\n")
         print(f"held-out result written to {out}")
     return 0

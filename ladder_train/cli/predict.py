@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import InputError
+from ..folders import open_to_write
 from ..option_errors import OptionError
 from ..predict.predictions import PredictOptions
 from .args import Parser, int_list, model_overrides, names, non_negative_float, non_negative_int, positive_int
@@ -167,7 +168,7 @@ def _write_json(result: dict, out: str | None) -> int:
     import json
 
     if out:
-        with open(out, "w") as f:
+        with open_to_write(out, "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
         print(f"\nwritten to {out}")

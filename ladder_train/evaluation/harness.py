@@ -20,6 +20,7 @@ import lm_eval
 from datasets.exceptions import DatasetNotFoundError
 from lm_eval.utils import handle_non_serializable
 
+from ..folders import write_text
 from ..model.presets import PRESETS
 from .adapter import EvalError, LadderLM
 from .results import averages, format_table, paper_results, summarize
@@ -133,4 +134,4 @@ def _write_results(
         },
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(record, indent=2, default=handle_non_serializable) + "\n")
+    write_text(out_path, json.dumps(record, indent=2, default=handle_non_serializable) + "\n")

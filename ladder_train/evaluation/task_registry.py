@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lm_eval.tasks import TaskManager
 
+from ..folders import write_text
 from ..paper import PAPER_TASKS
 from .adapter import EvalError
 
@@ -66,7 +67,7 @@ def materialise_local_tasks(local_data: str | Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for source in TASKS_DIR.iterdir():
         if source.is_file():
-            (dest / source.name).write_text(source.read_text().replace(LOCAL_DATA_TOKEN, folder))
+            write_text(dest / source.name, source.read_text().replace(LOCAL_DATA_TOKEN, folder))
     return dest
 
 

@@ -21,6 +21,7 @@ import platform
 import statistics
 import time
 
+from ..folders import write_text
 from ..option_errors import OptionError
 
 PROG = "ladder-predict calibrate"
@@ -215,7 +216,6 @@ def calibrate(out: str, reps: int = 5) -> None:
         raise OptionError("{reps} must be >= 1, got {given}", given=reps)
     start = time.perf_counter()
     text = profile_yaml(measure(reps))
-    with open(out, "w") as f:
-        f.write(text)
+    write_text(out, text)
     print(text)
     print(f"{PROG}: wrote {out} in {time.perf_counter() - start:.0f} s; use it with --profile {out} --gpu cpu")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, RunFailed
+from ..folders import remove_written, write_text
 from ..lifetime import ends_with_this_process
 from ..model import PAPER_LAYOUTS
 from ..option_errors import OptionError, check_layouts
@@ -76,7 +77,7 @@ def validate(
 
         calibrate(str(profile))
     if bench_now:
-        bench.unlink(missing_ok=True)  # ladder-bench appends: start from this run's rows only
+        remove_written(bench)  # ladder-bench appends: start from this run's rows only
     for name in cases if bench_now else []:
         fields, batch, prompt, gen, xs = CASES[name]
         for x in (0, *xs):
@@ -87,6 +88,6 @@ def validate(
     result = subprocess.run(compare, capture_output=True, text=True, preexec_fn=ends_with_this_process())
     if result.returncode:
         raise RunFailed(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "compare failed")
-    (out / "compare.txt").write_text(result.stdout)
+    write_text(out / "compare.txt", result.stdout)
     print(result.stdout)
     print(f"{PROG}: wrote {profile}, {bench} and {out / 'compare.txt'}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..bench_schema import read_bench
 from ..config import ConfigError
+from ..folders import write_text
 from ..option_errors import OptionError
 from ..study import Group, default_baseline, group_runs, seeded, sweeps
 from .layout_chart import layout_section
@@ -79,7 +80,7 @@ def write_report(
     if bench_rows:
         lines += ["## Tensor-parallel generation", "", *bench_section(bench_rows, out), ""]
     report = out / "report.md"
-    report.write_text("\n".join(lines))
+    write_text(report, "\n".join(lines))
     return report
 
 
