@@ -14,7 +14,8 @@ study's --collect DEST, a checkpoint, an export): nothing is written, removed or
 A file is opened with ``O_NOFOLLOW`` (:func:`open_to_write`, :func:`write_text`, :func:`copy_to`), a folder the
 project makes inside such a folder is no link (:func:`make_folder`), and only an entry that is what the project
 writes is removed or replaced (:func:`remove_written`, :func:`remove_written_tree`, :func:`replace_written`); a link
-there is refused in one line naming it (InputError), and what it points at is untouched."""
+there is refused in one line naming it (InputError), and what it points at is untouched. The folder a user names
+(run.dir, OUT_DIR, DEST, an export's OUT, a run's ``checkpoints/`` put on another disk) may itself be a link."""
 
 from __future__ import annotations
 
