@@ -134,7 +134,9 @@ def test_the_host_traffic_record_sees_syncs_and_copies():
     ]
 
 
-@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled_path"])
+@pytest.mark.parametrize(
+    "compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled_path"]
+)
 def test_the_kv_cache_is_allocated_once_per_shape_and_zeroed_between_generations(compiled):
     """The same cache tensors across generations of one shape (a CUDA graph keeps their addresses), zeroed in
     place: NaN left in them changes nothing. ``compiled_path``: the compiled Generator's code (a device position,
