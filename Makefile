@@ -23,12 +23,16 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/ladder-train demo
 
-test: install
-	$(PY) -m pytest -q tests
+# one pytest worker per core: the tests run one torch thread each; a test file stays on one worker (its module
+# fixtures are made once)
+XDIST := -n auto --dist loadfile
 
-# the inner loop: single-process tests only (every test that spawns processes is marked slow)
+test: install
+	$(PY) -m pytest -q $(XDIST) tests
+
+# the inner loop: single-process tests only (every test that spawns processes or compiles is marked slow)
 test-fast: install
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q $(XDIST) -m "not slow" tests
 
 lint: install
 	$(VENV)/bin/ruff check ladder_train tests benchmarks tools
