@@ -238,7 +238,7 @@ def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp
 
 @pytest.mark.parametrize("resumed", [False, True])
 def test_a_stuck_worker_is_a_one_line_error_after_the_timeout(tmp_path, monkeypatch, resumed):
-    import time
+    import stuck_worker
 
     from ladder_train.data import loader as loader_module
 
@@ -251,7 +251,7 @@ def test_a_stuck_worker_is_a_one_line_error_after_the_timeout(tmp_path, monkeypa
         state = first.state_dict()
         first.close()
     # as a worker deadlocked at its fork (a lock another thread of the trainer held): no batch, no signal handler
-    monkeypatch.setattr(loader_module, "_init_worker", lambda worker_id, trainer_pid: time.sleep(600))
+    monkeypatch.setattr(loader_module, "init_worker", stuck_worker.init)
     loader = build_dataloader(cfg, byte_tokenizer(), batch_size=2, num_workers=1)
     if state is not None:
         loader.load_state_dict(state)

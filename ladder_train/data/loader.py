@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,13 +27,13 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from ..config import DataConfig
 from ..errors import DataError
 from ..folders import is_token_folder
-from ..lifetime import PREEMPTION_SIGNALS, end_with_parent
 from .conversations import CHAT_COLUMN, ConversationEncoder, load_template
 from .packing import PackedWindows, collate_windows
 from .protocol import MicroBatchLoader
 from .sources import bad_row_message, open_source, read_error_message
 from .token_loader import refuse_stream_resume, token_loader
 from .tokenizer import eos_id
+from .workers import init_worker, worker_context
 
 log = logging.getLogger(__name__)
 
@@ -136,32 +135,6 @@ def _epochs(state: Any):
             yield from _epochs(value)
 
 
-def _die_with_parent(trainer_pid: int) -> None:
-    """End this worker when the trainer dies, even by SIGKILL: torch's own check (every 5 s, between batches)
-    never runs in a worker stuck writing a batch into a full pipe nobody reads, which kept such workers alive
-    (and their memory) forever."""
-    end_with_parent(trainer_pid, signal.SIGKILL)
-
-
-def _init_worker(worker_id: int, trainer_pid: int) -> None:
-    _die_with_parent(trainer_pid)
-    # each worker is one tokenizing process; the Rust thread pool would oversubscribe the cores
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    # preemption signals (Slurm, torchrun) reach the whole process group: the trainer handles them and
-    # still needs its workers for the step it finishes before saving, so a worker outlives them by a grace
-    # period (ignoring them outright would also ignore the parent's terminate() at exit, and hang it)
-    for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, _exit_after_grace)
-
-
-WORKER_GRACE_S = 30
-
-
-def _exit_after_grace(signum, frame) -> None:
-    if signal.getitimer(signal.ITIMER_REAL)[0] == 0.0:
-        signal.alarm(WORKER_GRACE_S)  # SIGALRM's default action ends the worker
-
-
 def build_dataloader(
     data_cfg: DataConfig,
     tokenizer: Tokenizer,
@@ -251,7 +224,7 @@ def _stream_loader(
         encoder=encoder,
         describe_bad_row=functools.partial(bad_row_message, str(source), split),
     )
-    if num_workers > 0:  # set before the fork: workers inherit it and tokenizers does not warn about the fork
+    if num_workers > 0:  # set before the fork server starts: workers inherit it (init_worker sets it again)
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     fingerprint = {
         "source": str(source),
@@ -300,7 +273,8 @@ def _loader(
             collate_fn=collate_windows,
             num_workers=num_workers,
             timeout=timeout,
-            worker_init_fn=functools.partial(_init_worker, trainer_pid=os.getpid()) if num_workers > 0 else None,
+            worker_init_fn=functools.partial(init_worker, trainer_pid=os.getpid()) if num_workers > 0 else None,
+            multiprocessing_context=worker_context() if num_workers > 0 else None,  # workers.py: no fork of the trainer
             pin_memory=torch.cuda.is_available(),
             drop_last=True,
             fingerprint=fingerprint,
