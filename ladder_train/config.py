@@ -89,7 +89,7 @@ class DataConfig:
     # data loader worker processes per rank (tokenization runs there); 0 = in the trainer
     num_workers: int = bounded(2, lambda v: v >= 0, ">= 0 (0 = tokenize in the trainer)")
     # seconds the trainer waits for a worker's next batch before stopping with an error: a stuck worker (one
-    # deadlocked at its fork, say) then ends the run for a restart instead of idling it; 0 = wait forever
+    # waiting on a hung file system, say) then ends the run for a restart instead of idling it; 0 = wait forever
     worker_timeout_s: int = bounded(600, lambda v: 0 <= v <= MAX_WAIT_S, f"in [0, {MAX_WAIT_S}] (0 = wait forever)")
     # documents are shuffled in consecutive blocks of this many (per loader worker, seeded by run.seed and the
     # epoch; resumes exactly); 0 = file order
