@@ -48,6 +48,8 @@ from .step import SKIP_FILE, StabilityGuard, StepOutcome, accumulate_gradients, 
 
 LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", SKIP_FILE)  # what the trainer writes into RUN_DIR
+# the folders wandb and TensorBoard make in RUN_DIR: they follow links, so a link there is refused before they start
+LIBRARY_FOLDERS = ("wandb", "tensorboard")
 
 
 class RunDirLocked(RunFailed):
@@ -60,12 +62,14 @@ class RunDirLocked(RunFailed):
 
 def lock_run_dir(run_dir: Path) -> FolderLock:
     """Take ``RUN_DIR/run.lock`` for this process (folders.lock_folder: released when the process dies, not held
-    by forked data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock, or a file
-    the trainer writes (RUN_FILES), is a link. The lock lasts until the returned lock is closed: one trainer per
-    run folder."""
+    by data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock, a file the trainer
+    writes (RUN_FILES) or a folder wandb or TensorBoard makes (LIBRARY_FOLDERS) is a link. The lock lasts until the
+    returned lock is closed: one trainer per run folder."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:  # refused before any work; each is written through folders.py's rule too
         refuse_link(run_dir / name, "a run folder's file")
+    for name in LIBRARY_FOLDERS:
+        refuse_link(run_dir / name, "a run folder's wandb or TensorBoard folder")
     try:
         return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
     except LockHeld as err:
