@@ -2,7 +2,7 @@
 
 They are not forked from the trainer. A fork copies a multi-threaded process (the trainer runs pin-memory,
 checkpoint and compile threads; torch and datasets start their own) with every lock another thread held at that
-moment, and the child can wait for ever on one in CPython's after-fork re-initialisation (CI, 2026-11-28:
+moment, and the child can wait for ever on one in CPython's after-fork re-initialisation (gdb on a hung CI worker:
 ``_PyThreadState_DeleteExcept`` in ``PyOS_AfterFork_Child``). They are forked instead by multiprocessing's fork
 server (not spawned: a spawned worker would import torch and datasets itself, seconds of CPU, at every loader
 start). The server is one process per trainer, started by fork + exec (safe from any thread) when the first loader
