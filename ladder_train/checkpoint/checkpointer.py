@@ -38,9 +38,11 @@ from ..folders import (
     complete_checkpoints,
     folder_kind,
     make_folder,
+    refuse_link,
     remove_written_tree,
     write_text,
 )
+from ..parallel import together
 from .integrity import (
     CheckpointError,
     checkpoint_failure,
@@ -127,10 +129,7 @@ class Checkpointer:
         self.finish()
         final = self.folder / f"step-{step}"
         partial = self.folder / f"step-{step}.partial"
-        if is_main_process():
-            remove_written_tree(partial)  # never through a link (folders.py's rule for what the project writes)
-            make_folder(partial)
-        _barrier()
+        together(lambda: self._start_folder(partial, final))  # a link there: every rank raises rank 0's line
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {
             "model": model_state,
@@ -174,8 +173,21 @@ class Checkpointer:
                 future.result()
             self._complete(partial, step)
 
+    @staticmethod
+    def _start_folder(partial: Path, final: Path) -> None:
+        """Rank 0 makes the folder every rank writes into; a link at it or at the name it gets once complete is
+        refused before anything is written (folders.py's rule for what the project writes)."""
+        if is_main_process():
+            refuse_link(final, "a folder of this project")
+            remove_written_tree(partial)
+            make_folder(partial)
+
     def _complete(self, partial: Path, step: int) -> None:
         _barrier()  # every rank's shards are on disk
+        together(lambda: self._publish(partial, step))  # rank 0's failure there ends every rank with its line
+
+    def _publish(self, partial: Path, step: int) -> None:
+        """The manifest (every rank hashes a share), then rank 0 alone: the marker, the rename, the old ones gone."""
         write_manifest(partial)
         if is_main_process():
             write_text(partial / COMPLETE_MARKER, f"step {step}\n")
@@ -185,7 +197,6 @@ class Checkpointer:
             if self.cfg.keep > 0:  # keep=0 keeps every checkpoint
                 for old in complete_checkpoints(self.folder)[: -self.cfg.keep]:
                     remove_written_tree(old)
-        _barrier()
 
     # load ---------------------------------------------------------------------------------------------
 

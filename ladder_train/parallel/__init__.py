@@ -2,7 +2,7 @@
 initialisation, and the compute dtype."""
 
 from .apply import DTYPES, MicroBatchPlan, init_sharded_weights, parallelize, resolve_dtype
-from .mesh import BatchSplit, RankEnv, build_mesh, free_port, init_distributed, resolve_degrees
+from .mesh import BatchSplit, RankEnv, build_mesh, free_port, init_distributed, resolve_degrees, together
 
 __all__ = [
     "DTYPES",
@@ -16,4 +16,5 @@ __all__ = [
     "parallelize",
     "resolve_degrees",
     "resolve_dtype",
+    "together",
 ]

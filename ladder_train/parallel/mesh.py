@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..config import ConfigError, ParallelConfig
+from ..errors import InputError, RunFailed
 from ..lifetime import end_with_parent
 
 _timeout: timedelta | None = None  # the default group's timeout, given to the mesh's subgroups too
@@ -92,6 +94,40 @@ def init_distributed(
             timeout=_timeout,
         )
     return RankEnv(rank, world_size, local_rank, local_world_size, device)
+
+
+def together(action: Callable[[], object], group=None) -> None:
+    """``action()`` on every rank of ``group`` (default: all), then every rank learns whether it failed on any: where
+    it did, every rank raises, the rank that failed its own error and the others the same line, ``quiet``
+    (``run_command`` prints it once), so that none is left waiting in a later collective for a rank that is gone.
+    For what one rank does alone between collectives (rank 0's files in a shared folder): ``action`` ends its own
+    collectives before any step that may fail on one rank only. Every rank waits for every other: a barrier too."""
+    failure = None
+    try:
+        action()
+    except Exception as err:
+        failure = err
+    mine = None if failure is None else (isinstance(failure, InputError), _one_line(failure))
+    verdicts = [mine]
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        verdicts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(verdicts, mine, group=group)
+    if failure is not None:
+        raise failure
+    for rank, verdict in enumerate(verdicts):
+        if verdict is not None:
+            bad_input, message = verdict
+            error = InputError(message) if bad_input else RunFailed(f"rank {rank} failed: {message}")
+            error.quiet = True
+            raise error
+
+
+def _one_line(err: Exception) -> str:
+    text = str(err).strip()
+    if isinstance(err, InputError):
+        return text
+    first = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def resolve_degrees(cfg: ParallelConfig, world_size: int, local_world_size: int) -> tuple[int, int]:
