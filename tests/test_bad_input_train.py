@@ -162,6 +162,56 @@ def test_a_link_planted_in_the_run_folder_is_refused_in_one_line_and_its_target_
     assert [p.name for p in run.iterdir()] == [name] and (run / name).is_symlink()  # refused before any work
 
 
+def _elsewhere(tmp_path: Path) -> Path:
+    """Someone's folder, with a file in it: what a planted link to a folder points at."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_bytes(VICTIM)
+    return elsewhere
+
+
+def _untouched(elsewhere: Path) -> bool:
+    return [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM
+
+
+@pytest.mark.parametrize("name", ["export", "export/step-2"])
+def test_a_link_where_eval_mode_slurm_exports_is_refused_in_one_line_before_any_step(
+    tmp_path, capsys, monkeypatch, name
+):
+    elsewhere = _elsewhere(tmp_path)
+    run = tmp_path / "run"
+    (run / name).parent.mkdir(parents=True)
+    (run / name).symlink_to(elsewhere)  # RUN_DIR/export/step-N: the export of checkpoint step-N, for its eval job
+    argv = ["--config", SMOKE, f"run.dir={run}", "train.max_steps=2", "checkpoint.every=2", "eval.mode=slurm", *QUICK]
+    named = f"ladder-train: error: {run / name} is a symbolic link; "
+    assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
+    assert _untouched(elsewhere)
+    assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # refused before any work
+
+
+def test_an_export_refuses_a_link_planted_in_the_run_folder_while_it_ran(tmp_path):
+    from ladder_train.parallel import RankEnv
+    from ladder_train.train.evaluator import Evaluator
+
+    checkpointer, model, optimizer = _tiny_checkpointer(tmp_path / "run")
+    checkpoint = checkpointer.save(2, model, optimizer, {"step": 2, "model_args": dataclasses.asdict(model.args)}, {})
+    cfg = load_config(None, ["eval.mode=slurm"])
+    env = RankEnv(0, 1, 0, 1, torch.device("cpu"))
+    evaluator = Evaluator(cfg, env, tmp_path / "run", model.args, micro_batch=1, tokenizer=None)
+    elsewhere = _elsewhere(tmp_path)
+    for name in ("export", "export/step-2"):
+        link = tmp_path / "run" / name
+        link.parent.mkdir(exist_ok=True)
+        link.symlink_to(elsewhere)
+        with pytest.raises(InputError) as refused:
+            evaluator._submit_eval_job(checkpoint, 2, tmp_path / "run" / "eval" / "step-2.json")
+        assert str(refused.value) == (
+            f"{link} is a symbolic link; a folder of this project is never written through a link: remove it"
+        )
+        assert _untouched(elsewhere)
+        link.unlink()
+
+
 def test_a_link_planted_in_the_checkpoint_folder_is_refused_and_nothing_behind_it_is_touched(tmp_path):
     checkpointer, model, optimizer = _tiny_checkpointer(tmp_path / "run")
     victim, elsewhere = _victim(tmp_path), tmp_path / "elsewhere"

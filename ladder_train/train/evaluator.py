@@ -18,9 +18,24 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from ..checkpoint import Checkpointer
 from ..config import Config
+from ..folders import make_folder, refuse_link, step_number
 from ..loading import model_from_state
 from ..model import ModelArgs, Transformer
-from ..parallel import RankEnv
+from ..parallel import RankEnv, together
+
+EXPORTS = "export"  # RUN_DIR/export/step-N: eval.mode=slurm's export of checkpoint step-N, which its job evaluates
+
+
+def refuse_export_links(run_dir: Path) -> None:
+    """InputError (one line) naming a link at RUN_DIR/export or at a ``step-N`` in it: the exports are never written
+    through a link. Checked before a run starts (trainer.lock_run_dir); each export makes its folders with
+    folders.make_folder, which refuses a link too."""
+    folder = refuse_link(run_dir / EXPORTS, "a run folder's export folder")
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if step_number(path) is not None:
+                refuse_link(path, "a run's export folder")
+
 
 # how long the other ranks wait for rank 0's lm-eval (or export): the paper's seven tasks on a 3.5B model take
 # longer than any sensible collective timeout; if rank 0 dies instead, torchrun ends the others
@@ -117,9 +132,12 @@ class Evaluator:
         out_path = self.run_dir / "eval" / f"step-{step}.json"
         wait_group = self._eval_wait_group()
         if self.cfg.eval.mode == "slurm":
-            if self.env.is_main:
-                self._submit_eval_job(checkpoint_dir, step, out_path)
-            dist.barrier(group=wait_group)
+
+            def submit() -> None:
+                if self.env.is_main:
+                    self._submit_eval_job(checkpoint_dir, step, out_path)
+
+            together(submit, wait_group)  # the others wait; a failure on rank 0 ends every rank with its line
             return None
         full = self._gather_full_model(model)
         results = None
@@ -165,7 +183,7 @@ class Evaluator:
     def _submit_eval_job(self, checkpoint_dir: Path, step: int, out_path: Path) -> None:
         from ..export import export_checkpoint
 
-        export_dir = self.run_dir / "export" / f"step-{step}"
+        export_dir = make_folder(make_folder(self.run_dir / EXPORTS) / f"step-{step}")  # neither through a link
         export_checkpoint(checkpoint_dir, export_dir)
         if shutil.which("sbatch") is None:
             print(
