@@ -32,6 +32,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ladder_train.config import load_config, model_args
+from ladder_train.folders import write_text
 from ladder_train.model import Transformer
 from ladder_train.parallel.apply import apply_activation_checkpointing
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(_row(cfg, layout, mode, base, figures))
             print(_line(rows[-1]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    write_text(args.out, "".join(json.dumps(row) + "\n" for row in rows))
     print(f"wrote {len(rows)} rows to {args.out}")
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ladder_train.folders import open_to_write
+
 
 def timed(fn, repeats: int, warmup: int, device: torch.device) -> list[float]:
     """Milliseconds of each of ``repeats`` calls of ``fn`` after ``warmup`` calls."""
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(row), flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a") as f:
+        with open_to_write(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
     return 0
 

@@ -73,13 +73,18 @@ def profile_row(part: Part, skip: int, keep_trace: bool) -> dict:
     if not traces:
         row["error"] = row["error"] or "no trace written (RUN_DIR/profile/rank0_steps*.pt.trace.json)"
         return row
-    from ladder_train.train.trace_summary import summarize_trace  # the package: after ensure_imports
+    from ladder_train.folders import open_to_write  # the package: after ensure_imports
+    from ladder_train.train.trace_summary import summarize_trace
 
     row["trace"] = traces[-1].name
     row.update(summarize_trace(json.loads(traces[-1].read_text())))
     if keep_trace:
         kept = part.log.with_name(traces[-1].name + ".gz")
-        with open(traces[-1], "rb") as src, gzip.open(kept, "wb") as dst:
+        with (
+            open(traces[-1], "rb") as src,
+            open_to_write(kept, "wb") as out,  # never through a link planted in the logs folder
+            gzip.GzipFile(filename=traces[-1].name, mode="wb", fileobj=out) as dst,
+        ):
             shutil.copyfileobj(src, dst)
         row["trace_kept"] = kept.name
     return row

@@ -35,6 +35,7 @@ from benchmarks.machine import GPU_DIR, child_env, ensure_imports, environment, 
 from benchmarks.parts import Part, describe_outcome, failure, run_parts, sigterm_interrupts
 from benchmarks.records import config_override, read_jsonl
 
+SUMMARY = "gpu_study.json"  # in --out: every point's outcome, seconds and final validation loss
 # the ../shared folders recipes name, and their copies gpu_prepare.sh puts in .gpu/ for a machine without ../shared
 SHARED_COPIES = {"../shared/data/fineweb": GPU_DIR / "fineweb", "../shared/eval": GPU_DIR / "eval"}
 
@@ -98,11 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     site = ensure_imports()
     work = work_folder(args.tiny)
-    logs = args.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs, summary_file = args.out / "logs", args.out / SUMMARY
     from ladder_train.errors import ConfigError, InputError
+    from ladder_train.folders import make_folder, refuse_link, write_text
 
     try:
+        refuse_link(summary_file)  # before the runs, not once they are over
+        make_folder(logs)
         found = studies(args, work)
         extras = {name: [*machine_overrides(recipe, args.tiny, args.set), *args.set] for name, _, recipe in found}
     except (ConfigError, InputError, SystemExit) as err:
@@ -136,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     env_row = environment(argv, started, args.tiny, module="benchmarks.gpu_study")
     summary = {"env": env_row, "runs": rows}
-    (args.out / "gpu_study.json").write_text(json.dumps(summary, indent=1) + "\n")
+    try:
+        write_text(summary_file, json.dumps(summary, indent=1) + "\n")
+    except InputError as err:  # a link put there while the runs ran
+        raise SystemExit(f"gpu_study: error: {err}") from None
     print(f"{'run':<90} {'outcome':<26} {'s':>6}  val loss")
     for r in rows:
         loss = "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"

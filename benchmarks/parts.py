@@ -52,12 +52,14 @@ def kill_group(proc: subprocess.Popen, gentle: bool) -> None:
 
 def run_part(part: Part, env: dict) -> dict:
     """Runs ``part`` to its end, its ``done`` or its limit; its outcome (rc, timed_out, stopped, wall_s)."""
+    from ladder_train.folders import open_to_write  # the package: after ensure_imports
+
     if STOP.is_set():
         part.outcome = {"rc": None, "timed_out": False, "stopped": False, "interrupted": True, "wall_s": 0.0}
         return part.outcome
     start = time.monotonic()
     rc, timed_out, stopped = None, False, False
-    with open(part.log, "w") as log:
+    with open_to_write(part.log, "w") as log:  # never through a link planted in the logs folder
         log.write("$ " + shlex.join(part.argv) + "\n")
         log.flush()
         proc = subprocess.Popen(

@@ -27,6 +27,7 @@ import torch
 
 from benchmarks.peers import SETUP
 from ladder_train.config import load_config, model_args
+from ladder_train.folders import write_text
 from ladder_train.gpu_cards import peak_flops_for
 from ladder_train.model import ModelArgs, build_on_meta, flops_per_token, preset_args
 from ladder_train.parallel import (
@@ -338,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         row = bare_loop(cfg, cfg.train.max_steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(row) + "\n")
+    write_text(args.out, json.dumps(row) + "\n")
     return 0
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from ladder_train.folders import write_text
 from ladder_train.predict import paper_check
 from ladder_train.predict.hardware import SHIPPED, load_profiles
 
@@ -91,7 +92,7 @@ def shipped_value(entry: dict, keys: tuple[str, ...]) -> float:
 def errors_of(entry: dict, folder: Path, name: str) -> dict[str, float]:
     """Each cell's error with ``entry`` as the h100 profile, loaded from a file as ``--profile`` loads it."""
     path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({PROFILE: entry}, sort_keys=False))
+    write_text(path, yaml.safe_dump({PROFILE: entry}, sort_keys=False))
     device = load_profiles(path)[PROFILE]
     cells = paper_check.paper_cells()
     errs = paper_check.errors(cells, paper_check.predict_cells(device, cells))
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "benchmarks.predictor_sensitivity", *argv])
     rows = [{**r, "command": command} for r in sensitivity_rows()]
     opts.out.parent.mkdir(parents=True, exist_ok=True)
-    opts.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_text(opts.out, "".join(json.dumps(r) + "\n" for r in rows))
     for r in rows:
         value = "" if r["value"] is None else f" {r['value']:g} (shipped {r['shipped']:g})"
         print(f"{r['assumption']}{value}: PREDICTED mean abs error {100 * r['mean_abs_error_12']:.1f} % (12 cells)")

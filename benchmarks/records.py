@@ -35,9 +35,11 @@ def append_rows(path: str | Path | None, rows: list[dict]) -> None:
     """Append ``rows`` to the JSON lines file ``path`` (its folder made if needed); nothing when ``path`` is None."""
     if path is None:
         return
+    from ladder_train.folders import open_to_write  # the package: after ensure_imports (gpu_check)
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
+    with open_to_write(path, "a") as f:  # never through a link
         for row in rows:
             f.write(json.dumps(row) + "\n")
     print(f"appended {len(rows)} rows to {path}")

@@ -39,6 +39,7 @@ from ladder_train.data.token_files import (
     write_meta,
 )
 from ladder_train.data.token_loader import TokenFileLoader
+from ladder_train.folders import open_to_write
 from ladder_train.gpu_cards import CARDS
 from ladder_train.model import PRESETS, flops_per_token
 from ladder_train.model.transformer import ModelArgs
@@ -51,7 +52,7 @@ def synthetic_folder(folder: Path, tokens: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     ends = []
-    with open(folder / TOKENS_NAME, "wb") as out:
+    with open_to_write(folder / TOKENS_NAME, "wb") as out:
         for start in range(0, tokens, CHUNK):
             chunk = rng.integers(1, 49152, size=min(CHUNK, tokens - start), dtype=np.uint16)
             cuts = np.cumsum(rng.integers(1, 4001, size=len(chunk) // 500 + 2)) - 1  # each document's last token
@@ -60,7 +61,8 @@ def synthetic_folder(folder: Path, tokens: int, seed: int = 0) -> Path:
             ends.append(start + cuts + 1)
             out.write(chunk.astype("<u2").tobytes())
     offsets = np.concatenate([[0], *ends]).astype(OFFSET_DTYPE)
-    offsets.tofile(folder / OFFSETS_NAME)
+    with open_to_write(folder / OFFSETS_NAME, "wb") as out:
+        out.write(offsets.tobytes())
     tokenizer = {"name": "synthetic", "sha256": "0" * 64, "vocab_size": 49152}
     write_meta(
         folder,

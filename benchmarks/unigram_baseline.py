@@ -21,6 +21,7 @@ import torch
 
 from ladder_train.config import load_config
 from ladder_train.data import build_dataloader, load_tokenizer
+from ladder_train.folders import write_text
 
 RECIPE = "recipes/study_small.yaml"
 
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result, indent=1))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_text(args.out, json.dumps(result, indent=1) + "\n")
     return 0
 
 

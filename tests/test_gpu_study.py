@@ -49,6 +49,41 @@ def test_a_machine_without_shared_reads_the_carried_copies(tmp_path, monkeypatch
         gpu_study.machine_overrides(RECIPE, tiny=True, given=[])
 
 
+VICTIM = b"someone's file\n"
+
+
+@pytest.mark.parametrize("planted", ["before", "during the runs"])
+def test_a_link_at_the_summary_is_refused_in_one_line_and_its_target_is_untouched(tmp_path, monkeypatch, planted):
+    victim, out = tmp_path / "victim", tmp_path / "out"
+    victim.write_bytes(VICTIM)
+    out.mkdir()
+    summary = out / "gpu_study.json"
+    run = []  # what main got to: the studies read, the runs started
+    monkeypatch.setattr(gpu_study, "ensure_imports", lambda: None)
+    monkeypatch.setattr(gpu_study, "studies", lambda args, work: run.append("studies") or [])
+    monkeypatch.setattr(gpu_study, "environment", lambda *args, **kwargs: {})
+
+    def runs(*args, **kwargs):
+        run.append("runs")
+        if planted == "during the runs":
+            summary.symlink_to(victim)
+
+    monkeypatch.setattr(gpu_study, "run_parts", runs)
+    if planted == "before":
+        summary.symlink_to(victim)  # ln -s ~/victim OUT/gpu_study.json
+    with pytest.raises(SystemExit) as refused:
+        gpu_study.main(["--tiny", "--out", str(out), "--study", RECIPE])
+    assert str(refused.value) == (
+        f"gpu_study: error: {summary} is a symbolic link; a file of this project is never written through a link: "
+        "remove it"
+    )
+    assert victim.read_bytes() == VICTIM and summary.is_symlink()
+    if planted == "before":  # refused before any run, and before logs/ is made
+        assert run == [] and [p.name for p in out.iterdir()] == ["gpu_study.json"]
+    else:
+        assert run == ["studies", "runs"] and sorted(p.name for p in out.iterdir()) == ["gpu_study.json", "logs"]
+
+
 @pytest.mark.slow
 def test_a_bad_study_is_one_line_before_any_run(tmp_path):
     argv = [sys.executable, "-m", "benchmarks.gpu_study", "--tiny", "--out", str(tmp_path / "out")]

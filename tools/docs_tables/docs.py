@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ladder_train.errors import EXIT_BAD_INPUT, InputError
+from ladder_train.folders import write_text
 
 from .manifest import DOCS, TABLES, MissingData
 
@@ -92,7 +93,7 @@ def write_tables(root: Path) -> int:
     for doc in DOCS:
         path = root / doc
         text = path.read_text()
-        path.write_text(remake(text, root, skip_missing=True))
+        write_text(path, remake(text, root, skip_missing=True))
         missing += [m.group("name") for m in _BLOCK.finditer(text) if _missing(m.group("name"), root)]
     return 1 if missing else 0
 
