@@ -310,15 +310,14 @@ def predict_step(
     act = batch * q_len * shape.dim * device.dtype_bytes
     ops = layout_ops(shape, layout, tp, times)
 
-    def cost(_module):
-        parts = [("link", allreduce_s(link, act, tp, device), link.interference)]
-        if emulated is not None:
-            bw_s = act / emulated.bandwidth if emulated.bandwidth else 0.0
-            parts.append(("emulated", emulated.latency_s + bw_s, 0.0))
-        return parts
+    # every module's all-reduce moves the same activation: priced once, not at each of the step's all-reduces
+    parts = [("link", allreduce_s(link, act, tp, device), link.interference)]
+    if emulated is not None:
+        bw_s = act / emulated.bandwidth if emulated.bandwidth else 0.0
+        parts.append(("emulated", emulated.latency_s + bw_s, 0.0))
 
     # greedy decoding needs no token broadcast: the all-reduces make the logits equal on every rank
-    return simulate(ops, cost)
+    return simulate(ops, lambda _module: parts)
 
 
 def layout_ops(shape: Shape, layout: str, tp: int, times: dict[str, float]) -> list[tuple]:
