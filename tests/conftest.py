@@ -1,4 +1,7 @@
+import multiprocessing.process
+import multiprocessing.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +29,52 @@ def _compiling_tests_are_marked_slow(request):
     yield
     if request.node.get_closest_marker("slow") is None and _frames_compiled() > before:
         pytest.fail("this test compiles with torch.compile: mark it @pytest.mark.slow", pytrace=False)
+
+
+_processes_started: list[str] = []
+
+
+def _counting_starts(start, name_of):
+    def counted(*args, **kwargs):
+        name = name_of(*args, **kwargs)
+        if name is not None:
+            _processes_started.append(name)
+        return start(*args, **kwargs)
+
+    return counted
+
+
+def _command_name(popen, args, *rest, **kwargs) -> str | None:
+    words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    if Path(words[0]).name in _CHEAP_TOOLS:
+        return None
+    return " ".join(words[:3])
+
+
+# tools that start in milliseconds (lm-eval asks git for its version on every evaluation, platform.processor()
+# asks uname)
+_CHEAP_TOOLS = {"git", "uname"}
+
+
+# every way a test starts a process: subprocess (and so torchrun), multiprocessing (loader workers, mp.spawn) and
+# the fork server's own start
+subprocess.Popen._execute_child = _counting_starts(subprocess.Popen._execute_child, _command_name)
+multiprocessing.process.BaseProcess.start = _counting_starts(
+    multiprocessing.process.BaseProcess.start, lambda process: f"multiprocessing {process.name}"
+)
+multiprocessing.util.spawnv_passfds = _counting_starts(
+    multiprocessing.util.spawnv_passfds, lambda path, args, fds: "multiprocessing's fork server or resource tracker"
+)
+
+
+@pytest.fixture(autouse=True)
+def _spawning_tests_are_marked_slow(request):
+    # a process start costs seconds of imports on the CPU: the inner loop (make test-fast) stays in this process
+    before = len(_processes_started)
+    yield
+    started = _processes_started[before:]
+    if request.node.get_closest_marker("slow") is None and started:
+        pytest.fail(f"this test starts a process ({started[0]}): mark it @pytest.mark.slow", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

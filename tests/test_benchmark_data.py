@@ -481,6 +481,7 @@ def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     assert rows[0]["compiled"] == {"a": False, "b": False} and "bfloat16 on cpu, eager, torch threads 1" in table
 
 
+@pytest.mark.slow
 # inductor's CPU code generation imports a torch.jit decorator that torch 2.13 deprecates: nothing here to act on
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_loss_ab_rows_their_pairs_and_their_table(tmp_path, capsys):

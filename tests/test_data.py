@@ -167,7 +167,12 @@ def test_validation_split_reads_only_validation_files(shared_dir):
 # -- resume ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workers, shuffle", [(0, 0), (2, 0), (0, 7), (2, 7)])
+def WITH_WORKERS(*values):  # noqa: N802 (reads as a parameter case)
+    """A case with loader workers: they start processes, so it runs in make test, not the inner loop."""
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("workers, shuffle", [(0, 0), WITH_WORKERS(2, 0), (0, 7), WITH_WORKERS(2, 7)])
 def test_resume_after_k_batches_is_bit_identical(shared_dir, workers, shuffle):
     tok = starcoder(shared_dir)
     cfg = DataConfig(source=str(shared_dir / "data/fineweb"), seq_len=64, shuffle_buffer=shuffle)
@@ -188,7 +193,12 @@ def test_resume_after_k_batches_is_bit_identical(shared_dir, workers, shuffle):
     assert not torch.equal(fresh[0], got[0][0])  # the resumed loader did not start over
 
     other = build_dataloader(
-        DataConfig(source=cfg.source, seq_len=32, shuffle_buffer=shuffle), tok, batch_size=2, dp_rank=1, dp_world_size=2
+        DataConfig(source=cfg.source, seq_len=32, shuffle_buffer=shuffle),
+        tok,
+        batch_size=2,
+        dp_rank=1,
+        dp_world_size=2,
+        num_workers=workers,
     )
     with pytest.raises(
         DataError, match=r"^data loader state was saved for another data setup \(seq_len: saved 64, now 32"
@@ -196,7 +206,7 @@ def test_resume_after_k_batches_is_bit_identical(shared_dir, workers, shuffle):
         other.load_state_dict(state)
 
 
-@pytest.mark.parametrize("workers, shuffle", [(0, 0), (2, 0), (0, 2), (2, 2)])
+@pytest.mark.parametrize("workers, shuffle", [(0, 0), WITH_WORKERS(2, 0), (0, 2), WITH_WORKERS(2, 2)])
 def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp_path, workers, shuffle):
     tok = byte_tokenizer()
     folder = tmp_path / "corpus"
@@ -236,6 +246,7 @@ def test_epochs_cycle_without_dropping_tokens_and_resume_across_the_boundary(tmp
             assert torch.equal(x, x2) and torch.equal(y, y2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("resumed", [False, True])
 def test_a_stuck_worker_is_a_one_line_error_after_the_timeout(tmp_path, monkeypatch, resumed):
     import stuck_worker

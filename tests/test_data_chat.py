@@ -175,7 +175,7 @@ def write_shards(folder: Path, n_files: int = 4) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("workers, shuffle", [(0, 0), (2, 3)])
+@pytest.mark.parametrize("workers, shuffle", [(0, 0), pytest.param(2, 3, marks=pytest.mark.slow)])
 def test_resume_mid_stream_gives_the_same_next_batches(tmp_path, workers, shuffle):
     tok = byte_tokenizer()
     cfg = chat_cfg(tmp_path, write_shards(tmp_path / "shards"), seq_len=24, shuffle_buffer=shuffle)
@@ -359,20 +359,22 @@ def test_bad_chat_input_is_one_line(tmp_path):
         build_dataloader(DataConfig(source=str(good), format="chat"), tok, 2, num_workers=0)
     assert one_line(err).startswith("data.chat_template: required with data.format=chat")
     with pytest.raises(DataError) as err:
-        build_dataloader(DataConfig(source=str(good), format="chat", chat_template=str(tmp_path)), tok, 2)
+        build_dataloader(
+            DataConfig(source=str(good), format="chat", chat_template=str(tmp_path)), tok, 2, num_workers=0
+        )
     assert one_line(err) == (
         f"data.chat_template: {tmp_path}/tokenizer_config.json: not found; the chat template is read from a "
         "model folder's tokenizer_config.json"
     )
     with pytest.raises(DataError) as err:
-        build_dataloader(DataConfig(source=str(good), format="sft"), tok, 2)
+        build_dataloader(DataConfig(source=str(good), format="sft"), tok, 2, num_workers=0)
     assert one_line(err) == "data.format: must be one of text, chat, got 'sft'"
 
-    # the first record is checked before any worker starts; later rows when they are read (here in a worker)
+    # the first record is checked before any loader starts; later rows when they are read
     text = tmp_path / "text.jsonl"
     text.write_text('{"text": "a plain document"}\n')
     with pytest.raises(DataError) as err:
-        build_dataloader(chat_cfg(tmp_path, text, seq_len=8), tok, 2)
+        build_dataloader(chat_cfg(tmp_path, text, seq_len=8), tok, 2, num_workers=0)
     assert one_line(err) == f"{text}: no 'messages' key (data.format=chat) in the first record; keys: text"
     for bad_row, line, why in [
         ({"id": 9, "text": "no messages"}, 3, "no 'messages' list (data.format=chat)"),
@@ -381,10 +383,8 @@ def test_bad_chat_input_is_one_line(tmp_path):
     ]:
         source = write_conversations(tmp_path / "rows.jsonl", CONVERSATIONS[:2])
         source.write_text(source.read_text() + json.dumps(bad_row) + "\n" + json.dumps({"messages": CONVERSATIONS[1]}))
-        loader = build_dataloader(chat_cfg(tmp_path, source, seq_len=8), tok, 2, num_workers=2)
         with pytest.raises(DataError) as err:
-            list(islice(loader, 100))
-        loader.close()
+            list(islice(build_dataloader(chat_cfg(tmp_path, source, seq_len=8), tok, 2, num_workers=0), 100))
         assert one_line(err) == f"{source}: line {line}: {why}"
 
     # parquet: a list<struct> column, whose missing fields arrive as nulls; rows count from 0
@@ -397,7 +397,7 @@ def test_bad_chat_input_is_one_line(tmp_path):
     assert one_line(err) == f"{parquet}: row 1 (counting from 0): message 1 has no 'content'"
     pq.write_table(pa.table({"messages": ["not a conversation"]}), parquet)
     with pytest.raises(DataError) as err:
-        build_dataloader(chat_cfg(tmp_path, parquet, seq_len=8), tok, 2)
+        build_dataloader(chat_cfg(tmp_path, parquet, seq_len=8), tok, 2, num_workers=0)
     assert one_line(err) == f"{parquet}: column 'messages' holds string, not a list of {{role, content}} messages"
 
     # a template that rewrites earlier turns cannot be cut into a mask
@@ -416,6 +416,18 @@ def test_bad_chat_input_is_one_line(tmp_path):
 
 
 # -- nothing to learn ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_bad_chat_row_read_in_a_worker_is_one_line_in_the_trainer(tmp_path):
+    tok = byte_tokenizer()
+    source = write_conversations(tmp_path / "rows.jsonl", CONVERSATIONS[:2])
+    source.write_text(source.read_text() + json.dumps({"messages": [{"content": "x"}]}) + "\n")
+    loader = build_dataloader(chat_cfg(tmp_path, source, seq_len=8), tok, 2, num_workers=2)
+    with pytest.raises(DataError) as err:
+        list(islice(loader, 100))
+    loader.close()
+    assert one_line(err) == f"{source}: line 3: message 0 has no 'role'"
 
 
 @pytest.mark.slow

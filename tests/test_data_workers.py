@@ -103,6 +103,7 @@ def test_the_dataset_a_worker_gets_pickles_and_reads_the_same_windows(tmp_path, 
     assert all(torch.equal(x, y) for x, y in zip(windows(resumed, 1)[0], following[0], strict=True))
 
 
+@pytest.mark.slow
 def test_a_worker_loader_starts_its_workers_in_the_fork_server_with_a_picklable_init(tmp_path):
     source = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in texts(10)])
     loader = build_dataloader(DataConfig(source=str(source), tokenizer="byte", seq_len=11), byte_tokenizer(), 2)
@@ -121,6 +122,7 @@ def signal_sets(pid: int) -> dict[str, set[int]]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs Linux /proc")
 def test_the_fork_server_outlasts_preemption_signals_and_the_workers_take_them(tmp_path):
     """A hang-up or Slurm's signal reaches every process of the run: the trainer finishes its step with its workers,

@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,6 +180,7 @@ def test_vocab_mismatch_is_refused(tokenizer):
         LadderLM(model, tokenizer)
 
 
+@pytest.mark.slow  # lm-eval's environment record runs `python -m pip list`
 def test_local_arc_easy_and_piqa_through_simple_evaluate(tokenizer, shared_dir, tmp_path):
     model = tiny_model()
     kwargs = dict(tasks=["arc_easy_local", "piqa_local"], local_data=shared_dir / "eval", limit=5, batch_size=4)
@@ -209,6 +211,7 @@ def test_local_arc_easy_and_piqa_through_simple_evaluate(tokenizer, shared_dir, 
     assert len(flat) == sum(len(m) for m in first.values())
 
 
+@pytest.mark.slow  # lm-eval's environment record runs `python -m pip list`
 def test_local_lambada_openbookqa_and_wikitext(tokenizer, shared_dir, monkeypatch):
     import multiprocessing
 
@@ -231,9 +234,28 @@ def test_local_lambada_openbookqa_and_wikitext(tokenizer, shared_dir, monkeypatc
     assert math.isfinite(wikitext["word_perplexity"]) and wikitext["word_perplexity"] > wikitext["byte_perplexity"]
 
 
-def test_unknown_task_lists_available_ones(tokenizer):
+@pytest.fixture
+def arc_as_the_builtin_tasks(monkeypatch):
+    """lm-eval's ARC folder stands for its built-in tasks: indexing all of them takes 10-15 s, and these tests are
+    about the names and messages, not the index."""
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+
+    from ladder_train.evaluation import task_registry
+
+    arc = TaskManager(include_path=str(Path(lm_eval.tasks.__file__).parent / "arc"), include_defaults=False)
+    monkeypatch.setattr(task_registry, "builtin_task_manager", lambda: arc)
+
+
+def test_unknown_task_lists_available_ones(tokenizer, arc_as_the_builtin_tasks):
     with pytest.raises(EvalError, match=r"unknown eval task 'arc_esay'.*arc_easy.*arc_easy_local"):
         evaluate(tiny_model(), tokenizer, ["arc_esay"])
+
+
+@pytest.mark.slow  # lm-eval's whole task index: 10-15 s
+def test_unknown_task_is_named_against_lm_evals_whole_index(tokenizer):
+    with pytest.raises(EvalError, match=r"unknown eval task 'hellaswg'; close matches: hellaswag.*lm-eval knows"):
+        evaluate(tiny_model(), tokenizer, ["hellaswg"])
 
 
 def test_local_task_without_local_data_is_refused(tokenizer, tmp_path):
@@ -243,7 +265,7 @@ def test_local_task_without_local_data_is_refused(tokenizer, tmp_path):
         evaluate(tiny_model(), tokenizer, ["piqa_local"], local_data=tmp_path)
 
 
-def test_offline_builtin_task_names_the_local_alternative(tokenizer, monkeypatch):
+def test_offline_builtin_task_names_the_local_alternative(tokenizer, monkeypatch, arc_as_the_builtin_tasks):
     import datasets.config
     import huggingface_hub.constants
 
@@ -279,6 +301,7 @@ def test_validation_loss_is_token_weighted_and_restores_train_mode():
     assert loss == pytest.approx(F.cross_entropy(logits, labels, ignore_index=-100).item(), rel=1e-5)
 
 
+@pytest.mark.slow  # lm-eval's environment record runs `python -m pip list`
 def test_cli_evaluates_an_export_and_refuses_a_tokenizer_mismatch(tokenizer, shared_dir, tmp_path, capsys):
     tokenizer_path = str(shared_dir / "tokenizers/starcoder/tokenizer.json")
     export = save_export(tiny_model(), tmp_path / "export")
@@ -333,6 +356,7 @@ def test_a_chat_models_eos_is_accepted_and_another_models_tokenizer_refused(shar
     assert line.startswith("ladder-eval: error: tokenizer mismatch: ")
 
 
+@pytest.mark.slow  # lm-eval's environment record runs `python -m pip list`
 def test_user_task_yaml_from_include_path(tokenizer, tmp_path):
     rows = [
         {"q": "Which layout overlaps communication?", "options": ["ladder", "standard"], "answer": i % 2}
@@ -364,6 +388,7 @@ def test_held_out_batches_pack_documents_like_training(tokenizer, tmp_path):
     assert labels.tolist() == [stream[1:5], stream[6:10]]
 
 
+@pytest.mark.slow  # lm-eval's environment record runs `python -m pip list`
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_cli_reads_a_training_checkpoint_directly_with_the_numbers_of_its_export(tokenizer, shared_dir, tmp_path):
     from ladder_train.checkpoint import Checkpointer

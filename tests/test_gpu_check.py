@@ -172,6 +172,7 @@ def make_wheel(folder: Path) -> Path:
     return wheel
 
 
+@pytest.mark.slow
 def test_wheels_are_installed_by_pip_for_a_machine_that_lacks_the_package(tmp_path, monkeypatch):
     gpu_dir = tmp_path / ".gpu"
     make_wheel(gpu_dir / "whl")

@@ -306,39 +306,6 @@ def test_every_module_entry_has_its_main_guard():
     assert unguarded == []
 
 
-SPAWNERS = ("run_ranks", "subprocess", "Popen", "mp.spawn", "torch.distributed.run", "_study_cmd", "run_bench")
-
-
-def _marked_slow(node: ast.FunctionDef, module_marks: str) -> bool:
-    marks = [ast.unparse(d) for d in node.decorator_list]
-    return "slow" in module_marks or any(m in ("pytest.mark.slow", "slow") for m in marks)
-
-
-def test_every_test_that_spawns_processes_is_marked_slow():
-    """So that `pytest -m "not slow"` (make test-fast) is an inner loop of single-process tests."""
-    unmarked = []
-    for path in sorted(Path(__file__).parent.glob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        module_marks = " ".join(
-            ast.unparse(n.value)
-            for n in tree.body
-            if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "pytestmark"
-        )
-        helpers = {
-            n.name: ast.unparse(n)
-            for n in tree.body
-            if isinstance(n, ast.FunctionDef) and not n.name.startswith("test_")
-        }
-        for node in tree.body:
-            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
-                continue
-            body = ast.unparse(node)
-            called = " ".join(text for name, text in helpers.items() if f"{name}(" in body)
-            if any(s in body or s in called for s in SPAWNERS) and not _marked_slow(node, module_marks):
-                unmarked.append(f"{path.name}::{node.name}")
-    assert unmarked == []
-
-
 def _documented_files(heading: str) -> set[str]:
     """The numbered ``N. `path.py``` items under ``heading`` of docs/design.md."""
     import re
@@ -367,3 +334,31 @@ def test_design_doc_lists_the_files_a_tp_decode_step_runs_through():
 
     rank0, _ = run_ranks(decode_step_files, 2)
     assert _documented_files("One TP decode step, file by file") == set(rank0)
+
+
+@pytest.mark.slow
+def test_the_inner_loop_fails_a_test_that_starts_a_process_unless_it_is_marked_slow(tmp_path):
+    (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
+    (tmp_path / "test_starts.py").write_text(
+        "import multiprocessing, subprocess, sys\n"
+        "import pytest\n\n"
+        "def test_python():\n"
+        "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n\n"
+        "def test_a_process():\n"
+        "    p = multiprocessing.get_context('fork').Process(target=print)\n"
+        "    p.start()\n"
+        "    p.join()\n\n"
+        "def test_git_is_cheap():\n"
+        "    subprocess.run(['git', '--version'], check=True, capture_output=True)\n\n"
+        "@pytest.mark.slow\n"
+        "def test_marked():\n"
+        "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+    )
+    ini = "[pytest]\nmarkers =\n    slow: spawns or compiles\n"
+    (tmp_path / "pytest.ini").write_text(ini)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-rE", str(tmp_path)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "4 passed, 2 errors" in done.stdout, done.stdout[-2000:]
+    errors = sorted(line.split("::")[1].split(" ")[0] for line in done.stdout.splitlines() if line.startswith("ERROR"))
+    assert errors == ["test_a_process", "test_python"]
+    assert f"this test starts a process ({sys.executable} -c pass): mark it @pytest.mark.slow" in done.stdout

@@ -87,6 +87,7 @@ def assert_same(a, b, tol):
         assert norm_a == pytest.approx(norm_b, abs=tol)
 
 
+@pytest.mark.slow
 def test_single_process_learns(single_process):
     losses, mesh = single_process
     assert mesh == (1, 1)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from test_train import SEQ, global_batches, tiny_config
 
 
+@pytest.mark.slow
 def test_wandb_online_without_credentials_falls_back_to_offline(tmp_path, monkeypatch, capsys):
     from ladder_train.train.observability import MetricLogger
 
