@@ -12,10 +12,16 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from ladder_train.data.workers import PRELOAD
 from ladder_train.parallel import free_port
 
+# what the ranks of the tests import (the loader workers' modules among them: the server also forks those)
+RANK_PRELOAD = [*PRELOAD, "ladder_train.train", "ladder_train.inference", "dist_utils"]
 
-def _entry(rank: int, world_size: int, local_world_size: int, port: int, out_dir: str, fn, args):
+
+def _entry(rank: int, world_size: int, local_world_size: int, port: int, out_dir: str, env: dict, fn, args):
+    os.environ.clear()  # the test's environment, not the fork server's (started by an earlier test)
+    os.environ.update(env)
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -32,12 +38,16 @@ def _entry(rank: int, world_size: int, local_world_size: int, port: int, out_dir
 def run_ranks(fn, world_size: int, *args, local_world_size: int | None = None) -> list:
     """Spawn ``world_size`` processes running ``fn(*args)`` (a module-level function) with torchrun's
     environment variables set; returns the results in rank order."""
+    # forked by multiprocessing's fork server, which imported torch and the package once for the whole pytest
+    # process: a spawned rank spent ~5 s of CPU importing them again
+    mp.set_forkserver_preload(RANK_PRELOAD)
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(
+        mp.start_processes(
             _entry,
-            args=(world_size, local_world_size or world_size, free_port(), out_dir, fn, args),
+            args=(world_size, local_world_size or world_size, free_port(), out_dir, dict(os.environ), fn, args),
             nprocs=world_size,
             join=True,
+            start_method="forkserver",
         )
         return [pickle.loads(Path(out_dir, f"{rank}.pkl").read_bytes()) for rank in range(world_size)]
 

@@ -17,6 +17,9 @@ def tiny_run_config(run_dir: str, vocab: int, seq: int, residual: str = "ladder"
         "model.max_seq_len": seq,
         "model.residual": residual,
         "data.seq_len": seq,
+        # tokenizing in the trainer: a loader's fork server costs a process start (the worker path has its own
+        # tests: test_data_workers, test_train_signals, the SIGKILL resume)
+        "data.num_workers": 0,
         "train.log_every": 1,
         "wandb.mode": "disabled",
         **extra,
