@@ -321,6 +321,16 @@ def refuse_link(path: str | Path, what: str = "a file of this project") -> Path:
     return path
 
 
+def refuse_step_links(folder: Path, what: str) -> None:
+    """InputError naming a link at ``folder`` or at a ``step-N`` in it (a run's exports: never written through a
+    link), checked before a run starts."""
+    refuse_link(folder, f"{what} folder")
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if step_number(path) is not None:
+                refuse_link(path, what)
+
+
 def open_to_write(path: str | Path, mode: str = "w", **kwargs):
     """``open(path, mode)`` for ``mode`` "w", "a", "wb" or "ab", but never through a link nor into anything but a
     regular file (module docstring); kwargs go to ``open``."""

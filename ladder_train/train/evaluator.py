@@ -18,23 +18,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from ..checkpoint import Checkpointer
 from ..config import Config
-from ..folders import make_folder, refuse_link, step_number
+from ..folders import make_folder
 from ..loading import model_from_state
 from ..model import ModelArgs, Transformer
 from ..parallel import RankEnv, together
 
 EXPORTS = "export"  # RUN_DIR/export/step-N: eval.mode=slurm's export of checkpoint step-N, which its job evaluates
-
-
-def refuse_export_links(run_dir: Path) -> None:
-    """InputError (one line) naming a link at RUN_DIR/export or at a ``step-N`` in it: the exports are never written
-    through a link. Checked before a run starts (trainer.lock_run_dir); each export makes its folders with
-    folders.make_folder, which refuses a link too."""
-    folder = refuse_link(run_dir / EXPORTS, "a run folder's export folder")
-    if folder.is_dir():
-        for path in sorted(folder.iterdir()):
-            if step_number(path) is not None:
-                refuse_link(path, "a run's export folder")
 
 
 # how long the other ranks wait for rank 0's lm-eval (or export): the paper's seven tasks on a 3.5B model take

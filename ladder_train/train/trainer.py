@@ -25,7 +25,7 @@ from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
-from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, write_text
+from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, refuse_step_links, write_text
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -39,7 +39,7 @@ from ..parallel import (
     resolve_dtype,
 )
 from .chat_steps import EmptyBatches, scored_micro_batches
-from .evaluator import Evaluator, refuse_export_links
+from .evaluator import EXPORTS, Evaluator
 from .memory_plan import unsharded_fits
 from .observability import MetricLogger, StepProfiler, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
@@ -70,7 +70,7 @@ def lock_run_dir(run_dir: Path) -> FolderLock:
         refuse_link(run_dir / name, "a run folder's file")
     for name in LIBRARY_FOLDERS:
         refuse_link(run_dir / name, "a run folder's wandb or TensorBoard folder")
-    refuse_export_links(run_dir)  # eval.mode=slurm's RUN_DIR/export/step-N
+    refuse_step_links(run_dir / EXPORTS, "a run's export")  # eval.mode=slurm's RUN_DIR/export/step-N
     try:
         return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
     except LockHeld as err:
