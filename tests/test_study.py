@@ -308,12 +308,12 @@ def _eval(arc: float, bpb: float) -> dict:
     }
 
 
-@pytest.fixture
-def study_dir(tmp_path):
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory):
     """A sweep of three rates per layout (one seed), then three seeds per layout at its best rate and a
-    smaller standard model as the positive control. Final validation loss = base + 1."""
-    root = tmp_path / "study"
-    root.mkdir()
+    smaller standard model as the positive control. Final validation loss = base + 1. Made once for the tests
+    that read it (none writes into it)."""
+    root = tmp_path_factory.mktemp("study")
     sweep = {"standard": (2.0, 1.8, 1.9), "ladder": (2.1, 1.9, 1.7)}  # best: 2e-3 (inside), 4e-3 (on the edge)
     for layout, bases in sweep.items():
         for lr, base in zip((1e-3, 2e-3, 4e-3), bases, strict=True):
@@ -410,6 +410,7 @@ def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one
     assert rows[("validation loss (nats/token)", "standard (model.n_layers=2)")][3] == "+0.2333"
     assert report_main([str(study_dir), "--out", str(tmp_path / "o2"), "--baseline", "nope"]) == 2
     assert "--baseline 'nope': no group of seeds has that label" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()  # refused before anything is written
 
 
 def test_collect_copies_the_finished_points_small_results_and_nothing_else(tmp_path, capsys):

@@ -57,6 +57,9 @@ def write_report(
     predictions: Path | None = None,
 ) -> Path:
     runs = [read_run(path) for path in find_runs(run_dirs)]  # every input is checked before anything is written
+    groups = group_runs(runs)
+    if baseline is not None:
+        _baseline(_compared(groups), baseline)
     bench_rows = [row for path in bench_files for row in read_bench(path)]
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# ladder-train report", ""]
@@ -71,7 +74,6 @@ def write_report(
         else:  # a study's runs are in name order, which makes no baseline: its comparisons are the sections below
             lines.append(markdown_table(*runs_table(runs)))
         lines.append("")
-        groups = group_runs(runs)
         lines += _study_sections(groups, out, baseline, resolution, predictions)
         # runs named one by one keep a line and a legend entry each, even two seeds of one configuration
         drawn = [Group(label=run.label, runs=[run]) for run in runs] if side_by_side else groups
@@ -94,8 +96,7 @@ def _study_sections(
     repeated = seeded(groups)
     if repeated:
         lines += ["## Seeds", "", *seeds_section(groups, out), ""]
-        # labelled among themselves: what tells the compared groups apart, not the sweep's runs
-        compared = group_runs([run for group in repeated for run in group.runs])
+        compared = _compared(groups)
         base = _baseline(compared, baseline)
         if len(compared) > 1:
             lines += ["## Paired comparison", "", *comparison_section(compared, base, resolution), ""]
@@ -105,6 +106,11 @@ def _study_sections(
                 lines += ["## Layouts: quality, communication, predicted speed", ""]
                 lines += [*layout_section(compared, base, predictions, out), ""]
     return lines
+
+
+def _compared(groups: list[Group]) -> list[Group]:
+    """The groups of seeds, labelled among themselves: what tells them apart, not the sweep's runs."""
+    return group_runs([run for group in seeded(groups) for run in group.runs])
 
 
 def _baseline(groups: list[Group], label: str | None) -> Group:
