@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import tempfile
+from multiprocessing import forkserver, resource_tracker
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
 
 from ladder_train.data.workers import PRELOAD
+from ladder_train.lifetime import PREEMPTION_SIGNALS
 from ladder_train.parallel import free_port
 
 # what the ranks of the tests import (the loader workers' modules among them: the server also forks those)
@@ -35,12 +38,27 @@ def _entry(rank: int, world_size: int, local_world_size: int, port: int, out_dir
     Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(result))
 
 
+def _start_fork_server() -> None:
+    """The pytest process's one fork server (loaders in this process fork their workers from it too), started as
+    the loader starts it (ladder_train/data/workers.py: preemption signals blocked, which the server and the
+    resource tracker keep, each started on its own) but preloading what the ranks import as well."""
+    if forkserver._forkserver._forkserver_pid is not None:  # started: its preload is what it is
+        return
+    mp.set_forkserver_preload(RANK_PRELOAD)
+    for start in (resource_tracker.ensure_running, forkserver.ensure_running):
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+        try:
+            start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run_ranks(fn, world_size: int, *args, local_world_size: int | None = None) -> list:
     """Spawn ``world_size`` processes running ``fn(*args)`` (a module-level function) with torchrun's
     environment variables set; returns the results in rank order."""
     # forked by multiprocessing's fork server, which imported torch and the package once for the whole pytest
     # process: a spawned rank spent ~5 s of CPU importing them again
-    mp.set_forkserver_preload(RANK_PRELOAD)
+    _start_fork_server()
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
             _entry,
