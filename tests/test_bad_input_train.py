@@ -189,6 +189,18 @@ def test_a_link_where_eval_mode_slurm_exports_is_refused_in_one_line_before_any_
     assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # refused before any work
 
 
+def test_a_link_at_the_runs_eval_folder_is_refused_in_one_line_before_any_step(tmp_path, capsys, monkeypatch):
+    elsewhere = _elsewhere(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval").symlink_to(elsewhere)  # RUN_DIR/eval/step-N.json: the lm-eval results the trainer writes
+    argv = ["--config", SMOKE, f"run.dir={run}", "train.max_steps=2", *QUICK]
+    named = f"ladder-train: error: {run / 'eval'} is a symbolic link; a run's eval folder is never written through"
+    assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
+    assert _untouched(elsewhere)
+    assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # refused before any work
+
+
 def test_an_export_refuses_a_link_planted_in_the_run_folder_while_it_ran(tmp_path):
     from ladder_train.parallel import RankEnv
     from ladder_train.train.evaluator import Evaluator

@@ -414,6 +414,24 @@ def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one
     assert not (tmp_path / "o2").exists()  # refused before anything is written
 
 
+def test_a_link_planted_at_a_points_folder_is_refused_before_its_trainer_starts(tmp_path, capsys):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_bytes(b"someone else's file\n")
+    study = tmp_path / "s"
+    study.mkdir()
+    (study / "model.residual=standard").symlink_to(elsewhere)
+    argv = ["study", "--config", SMOKE, "model.residual=standard,ladder", f"run.dir={study}"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"ladder-train: error: {study / 'model.residual=standard'} is a symbolic link; a folder of this project is "
+        "never written through a link: remove it"
+    )
+    assert [p.name for p in elsewhere.iterdir()] == ["theirs"]  # no trainer wrote into it
+    assert not (study / "model.residual=ladder").exists()  # nor did the study go on to the next point
+
+
 def test_collect_copies_the_finished_points_small_results_and_nothing_else(tmp_path, capsys):
     study = tmp_path / "s"
     argv = ["study", "--config", SMOKE, "model.residual=standard,ladder", f"run.dir={study}"]

@@ -117,8 +117,7 @@ class Study:
                 signal.signal(sig, handler)
 
     def _run_point(self, point: Point, stop: _StopRequest) -> None:
-        run_dir = point.run_dir(self.dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = make_folder(point.run_dir(self.dir))  # the point's folder, never a link planted in the study
         cmd = [sys.executable, "-m", "ladder_train.train", "--config", self.recipe, *point.run_overrides(self.dir)]
         # unbuffered: the log keeps every line up to a kill; wandb groups the study's runs
         group = os.environ.get("WANDB_RUN_GROUP", self.dir.name)

@@ -24,6 +24,7 @@ from ..model import ModelArgs, Transformer
 from ..parallel import RankEnv, together
 
 EXPORTS = "export"  # RUN_DIR/export/step-N: eval.mode=slurm's export of checkpoint step-N, which its job evaluates
+RESULTS = "eval"  # RUN_DIR/eval/step-N.json: the lm-eval results of checkpoint step-N
 
 
 # how long the other ranks wait for rank 0's lm-eval (or export): the paper's seven tasks on a 3.5B model take
@@ -118,7 +119,7 @@ class Evaluator:
             if self.env.is_main:
                 print("note: eval skipped: the trainer was given its batches, so it has no tokenizer", flush=True)
             return None
-        out_path = self.run_dir / "eval" / f"step-{step}.json"
+        out_path = self.run_dir / RESULTS / f"step-{step}.json"
         wait_group = self._eval_wait_group()
         if self.cfg.eval.mode == "slurm":
 
@@ -132,6 +133,8 @@ class Evaluator:
         results = None
         if self.env.is_main:
             from ..evaluation import evaluate, wandb_summary
+
+            make_folder(out_path.parent)  # never through a link planted there
 
             eval_cfg = self.cfg.eval
             results = evaluate(

@@ -39,7 +39,7 @@ from ..parallel import (
     resolve_dtype,
 )
 from .chat_steps import EmptyBatches, scored_micro_batches
-from .evaluator import EXPORTS, Evaluator
+from .evaluator import EXPORTS, RESULTS, Evaluator
 from .memory_plan import unsharded_fits
 from .observability import MetricLogger, StepProfiler, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
@@ -63,14 +63,16 @@ class RunDirLocked(RunFailed):
 def lock_run_dir(run_dir: Path) -> FolderLock:
     """Take ``RUN_DIR/run.lock`` for this process (folders.lock_folder: released when the process dies, not held
     by data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock, a file the trainer
-    writes (RUN_FILES), a folder wandb or TensorBoard makes (LIBRARY_FOLDERS) or an export's folder (RUN_DIR/export,
-    its step-N) is a link. The lock lasts until the returned lock is closed: one trainer per run folder."""
+    writes (RUN_FILES), a folder wandb or TensorBoard makes (LIBRARY_FOLDERS), an export's folder (RUN_DIR/export,
+    its step-N) or the eval results' folder is a link. The lock lasts until the returned lock is closed: one
+    trainer per run folder."""
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:  # refused before any work; each is written through folders.py's rule too
         refuse_link(run_dir / name, "a run folder's file")
     for name in LIBRARY_FOLDERS:
         refuse_link(run_dir / name, "a run folder's wandb or TensorBoard folder")
     refuse_step_links(run_dir / EXPORTS, "a run's export")  # eval.mode=slurm's RUN_DIR/export/step-N
+    refuse_link(run_dir / RESULTS, "a run's eval folder")
     try:
         return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
     except LockHeld as err:
