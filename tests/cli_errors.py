@@ -65,3 +65,19 @@ def planted_fifo(path: Path):
             reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             writer.join(10)
             os.close(reader)
+
+
+VICTIM = b"someone's file\n"
+
+
+def someones_folder(tmp_path: Path) -> Path:
+    """Someone's folder, with a file in it: what a planted link to a folder points at."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_bytes(VICTIM)
+    return elsewhere
+
+
+def untouched(elsewhere: Path) -> bool:
+    """Nothing written into ``someones_folder``, nothing removed from it."""
+    return [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM

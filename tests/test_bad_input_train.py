@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_errors import assert_bad_input, run_cli
+from cli_errors import VICTIM, assert_bad_input, run_cli, someones_folder, untouched
 
 from ladder_train.checkpoint import Checkpointer, CheckpointError
 from ladder_train.checkpoint.safe_load import check_trainer_counters
@@ -136,8 +136,6 @@ def test_run_folders_the_file_system_refuses_are_one_line(tmp_path, capsys, monk
 
 # -- nothing written through a link planted in the run folder ---------------------------------------------------
 
-VICTIM = b"someone's file\n"
-
 
 def _victim(tmp_path: Path) -> Path:
     victim = tmp_path / "victim"
@@ -162,42 +160,30 @@ def test_a_link_planted_in_the_run_folder_is_refused_in_one_line_and_its_target_
     assert [p.name for p in run.iterdir()] == [name] and (run / name).is_symlink()  # refused before any work
 
 
-def _elsewhere(tmp_path: Path) -> Path:
-    """Someone's folder, with a file in it: what a planted link to a folder points at."""
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "theirs").write_bytes(VICTIM)
-    return elsewhere
-
-
-def _untouched(elsewhere: Path) -> bool:
-    return [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM
-
-
 @pytest.mark.parametrize("name", ["export", "export/step-2"])
 def test_a_link_where_eval_mode_slurm_exports_is_refused_in_one_line_before_any_step(
     tmp_path, capsys, monkeypatch, name
 ):
-    elsewhere = _elsewhere(tmp_path)
+    elsewhere = someones_folder(tmp_path)
     run = tmp_path / "run"
     (run / name).parent.mkdir(parents=True)
     (run / name).symlink_to(elsewhere)  # RUN_DIR/export/step-N: the export of checkpoint step-N, for its eval job
     argv = ["--config", SMOKE, f"run.dir={run}", "train.max_steps=2", "checkpoint.every=2", "eval.mode=slurm", *QUICK]
     named = f"ladder-train: error: {run / name} is a symbolic link; "
     assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
-    assert _untouched(elsewhere)
+    assert untouched(elsewhere)
     assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # refused before any work
 
 
 def test_a_link_at_the_runs_eval_folder_is_refused_in_one_line_before_any_step(tmp_path, capsys, monkeypatch):
-    elsewhere = _elsewhere(tmp_path)
+    elsewhere = someones_folder(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     (run / "eval").symlink_to(elsewhere)  # RUN_DIR/eval/step-N.json: the lm-eval results the trainer writes
     argv = ["--config", SMOKE, f"run.dir={run}", "train.max_steps=2", *QUICK]
     named = f"ladder-train: error: {run / 'eval'} is a symbolic link; a run's eval folder is never written through"
     assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
-    assert _untouched(elsewhere)
+    assert untouched(elsewhere)
     assert not (run / "checkpoints").exists() and not (run / "config.yaml").exists()  # refused before any work
 
 
@@ -210,7 +196,7 @@ def test_an_export_refuses_a_link_planted_in_the_run_folder_while_it_ran(tmp_pat
     cfg = load_config(None, ["eval.mode=slurm"])
     env = RankEnv(0, 1, 0, 1, torch.device("cpu"))
     evaluator = Evaluator(cfg, env, tmp_path / "run", model.args, micro_batch=1, tokenizer=None)
-    elsewhere = _elsewhere(tmp_path)
+    elsewhere = someones_folder(tmp_path)
     for name in ("export", "export/step-2"):
         link = tmp_path / "run" / name
         link.parent.mkdir(exist_ok=True)
@@ -220,15 +206,13 @@ def test_an_export_refuses_a_link_planted_in_the_run_folder_while_it_ran(tmp_pat
         assert str(refused.value) == (
             f"{link} is a symbolic link; a folder of this project is never written through a link: remove it"
         )
-        assert _untouched(elsewhere)
+        assert untouched(elsewhere)
         link.unlink()
 
 
 def test_a_link_planted_in_the_checkpoint_folder_is_refused_and_nothing_behind_it_is_touched(tmp_path):
     checkpointer, model, optimizer = _tiny_checkpointer(tmp_path / "run")
-    victim, elsewhere = _victim(tmp_path), tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "theirs").write_bytes(VICTIM)
+    victim, elsewhere = _victim(tmp_path), someones_folder(tmp_path)
     folder = tmp_path / "run" / "checkpoints"
     folder.mkdir(parents=True)
     for name in ("step-1.partial", "step-2"):  # the folder being written, and the one it is renamed to
@@ -236,7 +220,7 @@ def test_a_link_planted_in_the_checkpoint_folder_is_refused_and_nothing_behind_i
         with pytest.raises(InputError, match=f"^{folder / name} is a symbolic link; "):
             checkpointer.save(int(name[5]), model, optimizer, {"step": 1}, {})
         (folder / name).unlink()
-    assert [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM
+    assert untouched(elsewhere)
     (folder / "step-3.partial").mkdir()  # a killed save's folder, with a link planted in it: removed as an entry
     (folder / "step-3.partial" / "COMPLETE").symlink_to(victim)
     saved = checkpointer.save(3, model, optimizer, {"step": 3}, {})

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from cli_errors import someones_folder, untouched
 from dist_utils import run_ranks
 
 from ladder_train.checkpoint import Checkpointer
@@ -21,15 +22,7 @@ from ladder_train.parallel import init_distributed
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = str(REPO / "recipes" / "smoke.yaml")
-VICTIM = b"someone's file\n"
 TIMEOUT_S = 30  # each collective's: a rank left waiting fails the test in this time, instead of hanging it
-
-
-def _elsewhere(tmp_path: Path) -> Path:
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "theirs").write_bytes(VICTIM)
-    return elsewhere
 
 
 def _refused(link: Path) -> str:
@@ -82,14 +75,14 @@ def saves_meeting_links(run_dir: str, elsewhere: str) -> list[tuple]:
 
 @pytest.mark.slow
 def test_a_link_at_a_checkpoint_folder_ends_every_rank_with_rank_0s_line(tmp_path):
-    elsewhere = _elsewhere(tmp_path)
+    elsewhere = someones_folder(tmp_path)
     folder = tmp_path / "run" / "checkpoints"
     folder.mkdir(parents=True)
     ranks = run_ranks(saves_meeting_links, 2, str(tmp_path / "run"), str(elsewhere))
     lines = [_refused(folder / name) for name in ("step-1.partial", "step-2", "step-3")]
     for rank, outcomes in enumerate(ranks):
         assert outcomes == [*(("InputError", line, rank != 0) for line in lines), ("saved",)]
-    assert [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM
+    assert untouched(elsewhere)
     assert sorted(p.name for p in folder.iterdir()) == ["step-3.partial", "step-4"]
 
 
@@ -105,7 +98,7 @@ def train_from_the_command_line(argv: list[str]) -> tuple[int, list[str]]:
 
 @pytest.mark.slow
 def test_a_two_process_run_meeting_a_checkpoint_link_exits_with_one_line(tmp_path):
-    elsewhere = _elsewhere(tmp_path)
+    elsewhere = someones_folder(tmp_path)
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     link = run / "checkpoints" / "step-2.partial"
@@ -114,4 +107,4 @@ def test_a_two_process_run_meeting_a_checkpoint_link_exits_with_one_line(tmp_pat
     argv += ["wandb.mode=disabled", f"parallel.timeout_s={TIMEOUT_S}"]
     ranks = run_ranks(train_from_the_command_line, 2, argv)
     assert ranks == [(2, [f"ladder-train: error: {_refused(link)}"]), (2, [])]  # printed once, by rank 0
-    assert [p.name for p in elsewhere.iterdir()] == ["theirs"] and (elsewhere / "theirs").read_bytes() == VICTIM
+    assert untouched(elsewhere)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_errors import someones_folder, untouched
 from fabricate import fabricate_run
 
 from ladder_train.cli import main as cli_main
@@ -415,9 +416,7 @@ def test_study_report_takes_another_baseline_by_label_and_refuses_an_unknown_one
 
 
 def test_a_link_planted_at_a_points_folder_is_refused_before_its_trainer_starts(tmp_path, capsys):
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "theirs").write_bytes(b"someone else's file\n")
+    elsewhere = someones_folder(tmp_path)
     study = tmp_path / "s"
     study.mkdir()
     (study / "model.residual=standard").symlink_to(elsewhere)
@@ -428,7 +427,7 @@ def test_a_link_planted_at_a_points_folder_is_refused_before_its_trainer_starts(
         f"ladder-train: error: {study / 'model.residual=standard'} is a symbolic link; a folder of this project is "
         "never written through a link: remove it"
     )
-    assert [p.name for p in elsewhere.iterdir()] == ["theirs"]  # no trainer wrote into it
+    assert untouched(elsewhere)  # no trainer wrote into it
     assert not (study / "model.residual=ladder").exists()  # nor did the study go on to the next point
 
 
