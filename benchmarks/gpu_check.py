@@ -25,7 +25,7 @@ In this order:
 - training: per layout and micro-batch, ``recipes/{layout}_1b.yaml`` (the 1.2B preset, seq 2048) on the token folder,
   global batch 16, compiled, ``--steps`` steps logged every step. Row: tokens/s median and range and MFU median
   over the steps after the first ``--skip`` (compilation), peak memory, and the plan's total for the accumulation
-  the run used (its "FSDP gradients:" line) with the plan's relative error (plan - peak) / peak. A run is stopped
+  the run used (its summary.json) with the plan's relative error (plan - peak) / peak. A run is stopped
   once its last step is logged: its final checkpoint (14 GB at 1.2B) is not waited for. Each ``--variant`` runs
   every one of them again right after it with its overrides (e.g. ``parallel.blocks_per_fsdp_unit=4``): a setting's
   before and after side by side on one card; rows carry the variant's overrides.

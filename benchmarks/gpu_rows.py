@@ -1,8 +1,7 @@
 """gpu_check's rows, from what its parts wrote: the trainer's metrics.jsonl (tokens/s, MFU, peak memory), the plan's
 ``--dry-run --json`` line, the profiled run's trace (the library's ``summarize_trace``), ladder-bench's and
-gpu_ceilings' rows, the peers' (``peers.rows``); a part that failed gives its row an ``error``. The one line read from
-a log is the trainer's "FSDP gradients: unsharded|sharded" (``MicroBatchPlan.describe``): the accumulation the run
-chose, which it writes to no file.
+gpu_ceilings' rows, the peers' (``peers.rows``), the run's summary.json (the FSDP gradient accumulation it chose);
+a part that failed gives its row an ``error``.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import re
 import shlex
 import shutil
 import statistics
@@ -43,7 +41,6 @@ def collect(measured: list[Part], plans: dict[str, Part], skip: int, on_gpu: boo
 
 
 def training_row(part: Part, plan_part: Part | None, skip: int, on_gpu: bool) -> dict:
-    log_text = part.log.read_text(errors="replace") if part.log.exists() else ""
     figures = throughput(logged_steps(part.info["run_dir"] / "metrics.jsonl"), 1 if part.kind == "big" else skip)
     row = {
         "kind": part.kind,
@@ -56,7 +53,9 @@ def training_row(part: Part, plan_part: Part | None, skip: int, on_gpu: bool) ->
         **figures,
     }
     plan_text = plan_part.log.read_text(errors="replace") if plan_part and plan_part.log.exists() else ""
-    row.update(plan_against(plan_totals(plan_text), accumulation_of(log_text), row.get("peak_mem_gib"), on_gpu))
+    row.update(
+        plan_against(plan_totals(plan_text), accumulation_of(part.info["run_dir"]), row.get("peak_mem_gib"), on_gpu)
+    )
     row["error"] = failure(part) or (failure(plan_part) if plan_part else None)
     row.update(part.outcome, command=shlex.join(["python", *part.argv[1:]]), log=part.log.name)
     if plan_part:
@@ -136,10 +135,14 @@ def plan_totals(log_text: str) -> dict[str, float]:
     return {}
 
 
-def accumulation_of(log_text: str) -> str | None:
-    """The trainer's "FSDP gradients: unsharded|sharded" line; None when the model is not sharded (one CPU process)."""
-    match = re.search(r"^FSDP gradients: (unsharded|sharded)\b", log_text, re.M)
-    return match.group(1) if match else None
+def accumulation_of(run_dir: Path) -> str | None:
+    """The FSDP gradient accumulation the run chose (its summary.json, written as it starts): unsharded or sharded;
+    None when the model is not sharded (one CPU process) or the run wrote no summary."""
+    from ladder_train.folders import read_optional_json  # the package: after ensure_imports
+
+    summary = read_optional_json(run_dir / "summary.json")
+    accumulate = summary.get("fsdp_gradients")
+    return accumulate if accumulate in ("unsharded", "sharded") else None
 
 
 def plan_against(plan: dict[str, float], accumulation: str | None, peak_gib: float | None, on_gpu: bool) -> dict:

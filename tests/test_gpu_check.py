@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -26,15 +25,16 @@ DRY_RUN = "$ python -m ladder_train.train ... --dry-run --simulate 1x1 --json\n"
 )
 
 
-def test_the_plan_totals_and_the_accumulation_the_run_used():
+def test_the_plan_totals_and_the_accumulation_the_run_used(tmp_path):
     assert gpu_rows.plan_totals(DRY_RUN) == {"sharded": 27.72, "unsharded": 34.22}
     assert gpu_rows.plan_totals("Traceback ...\nValueError: no") == {}
     assert gpu_rows.plan_totals('{"memory_gib": {"sharded": 1.0}') == {}  # cut short
-    assert gpu_rows.accumulation_of(
-        "mesh (1, 1)\nFSDP gradients: unsharded (one gather and one reduction per step)"
-    ) == ("unsharded")
-    assert gpu_rows.accumulation_of("FSDP gradients: sharded (per micro-batch; auto: ...)\nstep 1") == "sharded"
-    assert gpu_rows.accumulation_of("mesh (1, 1) | 1 processes on cpu") is None
+    run_dir = tmp_path / "run"
+    assert gpu_rows.accumulation_of(run_dir) is None  # no summary: the run did not start
+    run_dir.mkdir()
+    for chosen, read in (("unsharded", "unsharded"), ("sharded", "sharded"), ("none", None)):
+        (run_dir / "summary.json").write_text(json.dumps({"finished": False, "step": 0, "fsdp_gradients": chosen}))
+        assert gpu_rows.accumulation_of(run_dir) == read
     plan = gpu_rows.plan_totals(DRY_RUN)
     unsharded = gpu_rows.plan_against(plan, "unsharded", 31.0, on_gpu=True)
     assert unsharded["plan_total_gib"] == 34.22 and unsharded["plan_rel_error"] == pytest.approx(3.22 / 31)
@@ -273,10 +273,12 @@ def tiny_token_folder(tmp_path: Path) -> Path:
 def test_tiny_runs_every_part_on_the_cpu(tmp_path):
     tokens = tiny_token_folder(tmp_path)
     out = tmp_path / "out"
-    temp_before = set(Path(tempfile.gettempdir()).glob("gpu_check_*"))
+    temp = tmp_path / "temp"  # its own temp dir: another test's gpu_study makes gpu_check_* folders too
+    temp.mkdir()
     argv = [sys.executable, "-m", "benchmarks.gpu_check", "--tiny", "--profile", "--out", str(out)]
     argv += ["--tokens", str(tokens), "--tokenizer", "byte", "--skip", "2"]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=400)
+    env = {**os.environ, "TMPDIR": str(temp)}
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "gpu.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["ceilings"] + ["train"] * 3 + ["profile"] + ["decode"] * 3
@@ -328,7 +330,7 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
         p.name for p in logs.iterdir()
     }
     assert "gpu_check (tiny): CPU: " in done.stdout and "train    standard    2  " in done.stdout  # the table
-    assert set(Path(tempfile.gettempdir()).glob("gpu_check_*")) == temp_before  # run folders removed
+    assert not list(temp.glob("gpu_check_*"))  # run folders removed
     leftovers = [p for p in Path("/proc").glob("[0-9]*") if str(tokens) in _cmdline(p)]
     assert leftovers == []  # no part's process outlived it
 

@@ -147,7 +147,7 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)  # the study dies at once; its trainer gets SIGTERM and checkpoints
         proc.wait(timeout=30)
-    assert (first / "summary.json").is_file(), "the first point should have finished before the second checkpoints"
+    assert runner.finished(first), "the first point should have finished before the second checkpoints"
     finished_metrics = (first / "metrics.jsonl").read_text()
     trainer_log = second / "train.log"
     deadline = time.time() + 60
@@ -160,7 +160,8 @@ def test_a_killed_study_resumes_without_redoing_finished_runs(tmp_path):
     while _study_processes(study) and time.time() < deadline:
         time.sleep(0.2)
     assert not _study_processes(study)
-    assert not (second / "summary.json").exists()
+    assert json.loads((second / "summary.json").read_text())["finished"] is False  # written as the run started
+    assert not runner.finished(second)
 
     done = subprocess.run(_study_cmd(study), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -237,7 +238,7 @@ def test_sigint_to_the_study_process_saves_its_trainer_and_exits_75(tmp_path):
         proc.wait()
     assert not _study_processes(study)  # the study waited for its trainer
     assert "stopped by SIGINT" in (tmp_path / "study.err").read_text()
-    assert list((first / "checkpoints").glob("step-*")) and not (first / "summary.json").exists()
+    assert list((first / "checkpoints").glob("step-*")) and not runner.finished(first)
     assert [p.name for p in study.iterdir()] == [first.name]  # the second point never started
 
 

@@ -59,7 +59,7 @@ def train_losses(layouts, micro, tmp, replicate=-1, shard=-1):
     from ladder_train.train import Trainer
 
     env = init_distributed()
-    losses = {}
+    losses, chosen = {}, {}
     try:
         for residual in layouts:
             mesh_keys = {"parallel.dp_replicate": replicate, "parallel.dp_shard": shard}
@@ -68,9 +68,12 @@ def train_losses(layouts, micro, tmp, replicate=-1, shard=-1):
             trainer = Trainer(cfg, env, batches=global_batches(env.rank, env.world_size, micro))
             losses[residual] = [(r["loss"], r["grad_norm"]) for r in trainer.train()]
             mesh = tuple(trainer.mesh.shape)
+            if env.is_main:  # rank 0 writes the run's summary: finished, and the accumulation FSDP was given
+                summary = json.loads((trainer.run_dir / "summary.json").read_text())
+                chosen[residual] = (summary["finished"], summary["step"], summary["fsdp_gradients"])
     finally:
         dist.destroy_process_group()
-    return losses, mesh
+    return losses, mesh, chosen
 
 
 LAYOUTS = ("standard", "parallel", "ladder", "desync")
@@ -89,8 +92,9 @@ def assert_same(a, b, tol):
 
 @pytest.mark.slow
 def test_single_process_learns(single_process):
-    losses, mesh = single_process
+    losses, mesh, chosen = single_process
     assert mesh == (1, 1)
+    assert chosen == {residual: (True, STEPS, "none") for residual in LAYOUTS}  # one fp32 process: no FSDP
     for residual in LAYOUTS:
         trajectory = [loss for loss, _ in losses[residual]]
         assert len(trajectory) == STEPS
@@ -103,8 +107,10 @@ def test_single_process_learns(single_process):
 @pytest.mark.slow
 def test_fsdp_two_processes_matches_one(single_process, tmp_path):
     results = run_ranks(train_losses, 2, LAYOUTS, 2, str(tmp_path))
-    losses, mesh = results[0]
+    losses, mesh, chosen = results[0]
     assert mesh == (1, 2)  # default: shard over the node's processes
+    assert chosen == {residual: (True, STEPS, "unsharded") for residual in LAYOUTS}  # auto, on the CPU
+    assert results[1][2] == {}  # only rank 0 writes the summary
     for residual in LAYOUTS:
         assert_same(losses[residual], single_process[0][residual], 1e-5)
     assert results[1][0] == losses  # every rank logs the same global numbers
@@ -113,7 +119,7 @@ def test_fsdp_two_processes_matches_one(single_process, tmp_path):
 @pytest.mark.slow
 def test_hsdp_2x2_matches_one(single_process, tmp_path):
     results = run_ranks(train_losses, 4, LAYOUTS, 2, str(tmp_path), local_world_size=2)
-    losses, mesh = results[0]
+    losses, mesh, _ = results[0]
     assert mesh == (2, 2)  # replicate across the two "nodes", shard inside each
     for residual in LAYOUTS:
         assert_same(losses[residual], single_process[0][residual], 1e-5)
@@ -129,7 +135,7 @@ def test_gradient_accumulation_1x4_equals_4x1(tmp_path):
 @pytest.mark.slow
 def test_plain_data_parallel_accumulating(single_process, tmp_path):
     """dp_shard=1: pure replication, with the cross-replica all-reduce deferred to the last micro-batch."""
-    losses, mesh = run_ranks(train_losses, 2, ("ladder",), 2, str(tmp_path), 2, 1)[0]
+    losses, mesh, _ = run_ranks(train_losses, 2, ("ladder",), 2, str(tmp_path), 2, 1)[0]
     assert mesh == (2, 1)
     assert_same(losses["ladder"], single_process[0]["ladder"], 1e-5)
 

@@ -149,7 +149,7 @@ class MicroBatchPlan:
             self.model.set_reshard_after_backward(last)
 
     def describe(self) -> str | None:
-        """The line a run prints about its gradients (benchmarks read it), or None without FSDP."""
+        """The line a run prints about its gradients, or None without FSDP."""
         if self.accumulate == "none":
             return None
         once = "one gather and one reduction per step" if self.accumulate == "unsharded" else "per micro-batch"

@@ -22,7 +22,7 @@ from ..folders import copy_to, make_folder, open_to_write, refuse_link
 from ..lifetime import PREEMPTION_SIGNALS, ends_with_this_process
 from .grid import Point, fixed_overrides, grid
 
-FINISHED_FILE = "summary.json"  # the trainer writes it when a run reaches its last step
+FINISHED_FILE = "summary.json"  # the trainer sets its "finished" when a run reaches its last step
 # what a finished run's figures rest on: kilobytes, committed beside the tables made from them (no weights)
 RESULT_FILES = ("config.yaml", "metrics.jsonl", FINISHED_FILE)
 

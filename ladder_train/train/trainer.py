@@ -359,6 +359,7 @@ class Trainer:
             gradients = self.micro_batch_plan.describe()
             if gradients is not None:
                 print(gradients, flush=True)
+            self._write_summary(finished=False)  # what the run chose, readable while it runs
         logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id, resumed_step=self.step)
         # every rank saves the trainer entry and DCP keeps one rank's copy: all must carry rank 0's id
         box = [logger.wandb_id]
@@ -367,12 +368,16 @@ class Trainer:
         return logger
 
     def _mark_finished(self, history: list[dict]) -> None:
-        """RUN_DIR/summary.json: the run reached its last step (a study skips it); written last, by rank 0."""
+        """The run reached its last step (a study skips it): summary.json says so, written last, by rank 0."""
         if self.env.is_main and self.step >= self.max_steps:
-            summary = {"finished": True, "step": self.step, "tokens": self.tokens_seen}
-            if history:
-                summary["final_loss"] = history[-1]["loss"]
-            write_text(self.run_dir / "summary.json", json.dumps(summary) + "\n")
+            self._write_summary(finished=True, **({"final_loss": history[-1]["loss"]} if history else {}))
+
+    def _write_summary(self, finished: bool, **figures) -> None:
+        """RUN_DIR/summary.json: whether the run reached its last step, and the FSDP gradient accumulation it chose
+        (``MicroBatchPlan.accumulate``: unsharded, sharded or none)."""
+        summary = {"finished": finished, "step": self.step, "tokens": self.tokens_seen, **figures}
+        summary["fsdp_gradients"] = self.micro_batch_plan.accumulate
+        write_text(self.run_dir / "summary.json", json.dumps(summary) + "\n")
 
     def _stop_for_preemption(self):
         self.save_checkpoint()
