@@ -26,6 +26,7 @@ TRAINER_OVERHEAD = MANIFEST["trainer-overhead"].rows
 DATA_PIPELINE = MANIFEST["data-pipeline"].rows
 CHECKPOINT = MANIFEST["checkpoint-stall"].rows
 FSDP_UNITS = MANIFEST["fsdp-units"].rows
+SMOKE_WORKERS = MANIFEST["smoke-workers"].rows
 COMPILED_LOSS = MANIFEST["compiled-loss"].rows
 TP_GENERATION = MANIFEST["tp-generation"].rows
 LINK_SWEEP = MANIFEST["tp-link-sweep"].rows
@@ -479,6 +480,50 @@ def test_train_ab_rows_their_pairs_and_their_table(tmp_path):
     assert table_row(table, "b: `parallel.accumulate=sharded`")[-1] == spread_of(ratios, ".3f")
     assert "2 alternating pairs of rounds" in table and "over its last 2 of 4 steps" in table
     assert rows[0]["compiled"] == {"a": False, "b": False} and "bfloat16 on cpu, eager, torch threads 1" in table
+
+
+@pytest.mark.slow
+def test_launch_ab_rows_their_pairs_and_their_table(tmp_path, capsys):
+    """The whole command per round, two steps of the smoke recipe: wall and machine CPU seconds per round, and the
+    table's cells and within-pair ratios from them."""
+    from benchmarks import launch_ab
+
+    out = tmp_path / SMOKE_WORKERS
+    argv = ["--a", "model.n_layers=1", "--b", "model.n_layers=2", "--rounds", "1", "--out", str(out)]
+    argv += ["--config", str(REPO / "recipes" / "smoke.yaml"), "train.max_steps=2", "data.num_workers=0"]
+    assert launch_ab.main(argv) == 0
+    rows = read(out)
+    assert [(r["round"], r["variant"]) for r in rows] == [(0, "a"), (0, "b")]
+    assert all(
+        CONTEXT - {"repeat", "bench"} | {"wall_s", "busy_cpu_s", "variants", "overrides"} <= set(r) for r in rows
+    )
+    assert rows[0]["variants"] == {"a": ["model.n_layers=1"], "b": ["model.n_layers=2"]}
+    assert rows[0]["overrides"] == ["train.max_steps=2", "data.num_workers=0"]
+    assert all(r["wall_s"] > 0 and r["busy_cpu_s"] > 0 for r in rows)
+    table = TABLES["smoke-workers"](tmp_path)
+    a, b = rows
+    assert table_row(table, "a: `model.n_layers=1`")[1:] == [
+        f"{a['wall_s']:.1f}",
+        "1.00",
+        f"{a['busy_cpu_s']:.1f}",
+        "1.00",
+    ]
+    assert table_row(table, "b: `model.n_layers=2`")[1:] == [
+        f"{b['wall_s']:.1f}",
+        f"{b['wall_s'] / a['wall_s']:.2f}",
+        f"{b['busy_cpu_s']:.1f}",
+        f"{b['busy_cpu_s'] / a['busy_cpu_s']:.2f}",
+    ]
+    assert "1 alternating pair of rounds of `ladder-train --config " in table
+
+
+def test_launch_ab_refuses_a_missing_config_before_running(tmp_path, capsys):
+    from benchmarks import launch_ab
+
+    with pytest.raises(SystemExit) as exited:
+        launch_ab.main(["--a", "x=1", "--b", "x=2", "--config", str(tmp_path / "nope.yaml")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"launch_ab: error: --config {tmp_path / 'nope.yaml'}: no such file\n"
 
 
 @pytest.mark.slow

@@ -24,6 +24,10 @@ def by_sample(rows: list[dict]) -> dict[tuple, list[dict]]:
     return samples
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def provenance(rows: list[dict], path: str, libraries: tuple[str, ...] = ("torch",)) -> str:
     """Where and when: the dates, CPU model and cores, library versions, invocations and samples, the file."""
     hosts = {json.dumps(row["host"], sort_keys=True): row["host"] for row in rows}.values()
@@ -33,7 +37,7 @@ def provenance(rows: list[dict], path: str, libraries: tuple[str, ...] = ("torch
     invocations = len({row["invocation"] for row in rows})
     commands = "; ".join(f"`{command}`" for command in dict.fromkeys(row["command"] for row in rows))
     return (
-        f"Measured {dates} on {machines}, {libs}: {len(by_sample(rows))} samples from {invocations} "
+        f"Measured {dates} on {machines}, {libs}: {_count(len(by_sample(rows)), 'sample')} from {invocations} "
         f"invocation{'s' if invocations > 1 else ''} ({commands}), rows in `{path}`."
     )
 
@@ -159,6 +163,28 @@ def trainer_ab(rows: list[dict], path: str) -> str:
         f"parameters); seq {first['seq_len']}, global batch {first['global_batch_size']} in micro-batches of "
         f"{first['micro_batch_size']}; {first['dtype']} on {first['device']}, {_compiled(rows)}, torch threads "
         f"{'/'.join(sorted({str(r['host']['torch_threads']) for r in rows}))}. " + provenance(rows, path) + "\n"
+    )
+
+
+def launch_ab(rows: list[dict], path: str) -> str:
+    """benchmarks/launch_ab.py: each variant's whole command, wall and the machine's busy CPU seconds over its rounds,
+    and b's over a's within each alternating pair."""
+    body = []
+    for name in ("a", "b"):
+        mine = [r for r in rows if r["variant"] == name]
+        settings = "; ".join(sorted({", ".join(r["variants"][name]) for r in mine}))
+        cells = [f"{name}: `{settings}`"]
+        for field in ("wall_s", "busy_cpu_s"):
+            ratios = pair_ratios(rows, field)
+            cells += [spread([r[field] for r in mine], ".1f"), "1.00" if name == "a" else spread(ratios, ".2f")]
+        body.append(cells)
+    configs = ", ".join(sorted({" ".join([r["config"], *r["overrides"]]) for r in rows}))
+    header = ["variant", "wall s", "/ a, within each pair", "busy CPU s (machine)", "/ a, within each pair"]
+    return (
+        markdown_table(header, body)
+        + f"\n\n{_count(len(pair_ratios(rows, 'wall_s')), 'alternating pair')} of rounds of `ladder-train --config {configs}`, "
+        "each the whole command from launch to exit in a fresh run folder; busy CPU is every core's over the round's "
+        "interval (/proc/stat), the machine otherwise quiet. " + provenance(rows, path) + "\n"
     )
 
 
