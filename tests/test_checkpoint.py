@@ -32,12 +32,11 @@ SMOKE = [
     "checkpoint.every=4",
     "data.num_workers=1",
 ]
-# the smoke recipe with a checkpoint every 2 steps (the length is given per test)
+# the smoke recipe (no loader worker) with a checkpoint every 2 steps (the length is given per test)
 SMOKE_EVERY_2 = [
     "--config",
     str(REPO / "recipes" / "smoke.yaml"),
     "train.log_every=1",
-    "data.num_workers=1",
     "checkpoint.every=2",
 ]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
@@ -252,7 +251,7 @@ def test_checkpoint_load_of_a_missing_folder_says_so(tmp_path):
 def torchrun_two_processes(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ladder_train.train"]
-        + [*SMOKE_EVERY_2, f"run.dir={run_dir}", "data.num_workers=0", *extra],
+        + [*SMOKE_EVERY_2, f"run.dir={run_dir}", *extra],
         env={**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
         capture_output=True,
         text=True,

@@ -16,12 +16,15 @@ from test_checkpoint import ENV, PYTHON, SMOKE_EVERY_2, descendants, train
 from ladder_train.config import load_config
 from ladder_train.errors import InputError
 
+WORKER = "data.num_workers=1"
+
 
 @pytest.mark.slow
 def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.Popen(
-        [PYTHON, "-m", "ladder_train.train", *SMOKE_EVERY_2, f"run.dir={run_dir}", "train.max_steps=100000"],
+        # a loader worker: forked children must not keep the killed trainer's lock
+        [PYTHON, "-m", "ladder_train.train", *SMOKE_EVERY_2, f"run.dir={run_dir}", "train.max_steps=100000", WORKER],
         env=ENV,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -49,7 +52,7 @@ def test_second_trainer_is_refused_and_a_killed_one_does_not_block(tmp_path):
         workers = descendants(first.pid)
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
-        restart = train(run_dir, "train.max_steps=2", "checkpoint.every=0")
+        restart = train(run_dir, "train.max_steps=2", "checkpoint.every=0", WORKER)  # resumes the first one's
         assert restart.returncode == 0, restart.stderr
         assert "in use by another trainer" not in restart.stderr
     finally:
