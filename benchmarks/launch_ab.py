@@ -23,8 +23,6 @@ from pathlib import Path
 
 from benchmarks.records import BenchmarkError, append_rows, config_override, invocation, positive_int, refuse
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def busy_cpu_s() -> float:
     """The machine's CPU seconds spent outside idle and I/O wait since boot, over all cores (/proc/stat)."""

@@ -144,7 +144,9 @@ def _victim(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    "name", ["run.lock", "config.yaml", "metrics.jsonl", "summary.json", "skip_batches.json", "wandb", "tensorboard"]
+    "name",
+    ["run.lock", "config.yaml", "metrics.jsonl", "summary.json", "summary.json.partial", "skip_batches.json", "wandb"]
+    + ["tensorboard"],
 )
 def test_a_link_planted_in_the_run_folder_is_refused_in_one_line_and_its_target_is_untouched(
     tmp_path, capsys, monkeypatch, name

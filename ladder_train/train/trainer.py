@@ -25,7 +25,7 @@ from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
-from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, refuse_step_links, write_text
+from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, refuse_step_links, replace_written, write_text
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -47,7 +47,8 @@ from .run_state import RunState
 from .step import SKIP_FILE, StabilityGuard, StepOutcome, accumulate_gradients, clip_and_reduce
 
 LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", SKIP_FILE)  # what the trainer writes into RUN_DIR
+SUMMARY = "summary.json"
+RUN_FILES = ("config.yaml", "metrics.jsonl", SUMMARY, f"{SUMMARY}.partial", SKIP_FILE)  # what it writes in RUN_DIR
 # the folders wandb and TensorBoard make in RUN_DIR: they follow links, so a link there is refused before they start
 LIBRARY_FOLDERS = ("wandb", "tensorboard")
 
@@ -377,7 +378,9 @@ class Trainer:
         (``MicroBatchPlan.accumulate``: unsharded, sharded or none)."""
         summary = {"finished": finished, "step": self.step, "tokens": self.tokens_seen, **figures}
         summary["fsdp_gradients"] = self.micro_batch_plan.accumulate
-        write_text(self.run_dir / "summary.json", json.dumps(summary) + "\n")
+        # whole or not at all: a run stopped as it writes (gpu_check stops runs after their last step) keeps the last
+        partial = write_text(self.run_dir / f"{SUMMARY}.partial", json.dumps(summary) + "\n")
+        replace_written(partial, self.run_dir / SUMMARY)
 
     def _stop_for_preemption(self):
         self.save_checkpoint()

@@ -37,8 +37,8 @@ def provenance(rows: list[dict], path: str, libraries: tuple[str, ...] = ("torch
     invocations = len({row["invocation"] for row in rows})
     commands = "; ".join(f"`{command}`" for command in dict.fromkeys(row["command"] for row in rows))
     return (
-        f"Measured {dates} on {machines}, {libs}: {_count(len(by_sample(rows)), 'sample')} from {invocations} "
-        f"invocation{'s' if invocations > 1 else ''} ({commands}), rows in `{path}`."
+        f"Measured {dates} on {machines}, {libs}: {_count(len(by_sample(rows)), 'sample')} from "
+        f"{_count(invocations, 'invocation')} ({commands}), rows in `{path}`."
     )
 
 
