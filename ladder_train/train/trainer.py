@@ -131,6 +131,7 @@ class Trainer:
             cfg.train.global_batch_size, cfg.train.micro_batch_size, env.world_size, cfg.data.seq_len
         )
         self.batch.check()
+        self.guard = StabilityGuard(cfg.train, self.run_dir, env.is_main)  # reads the hand-editable skip file
         self.model_args = model_args(cfg.model)
         # the weights a new run starts from are checked against the recipe before any data or model is built
         init_from = cfg.checkpoint.init_from
@@ -156,7 +157,6 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.wandb_id: str | None = None
-        self.guard = StabilityGuard(cfg.train, self.run_dir, env.is_main)  # non-finite steps and loss spikes
         self.empty_batches = EmptyBatches(cfg.data.source, env.is_main)  # chat data: no scored token
         flops = flops_per_token(self.model_args, cfg.data.seq_len, frozen_layers=cfg.train.freeze_layers)
         self.meter = ThroughputMeter(env.world_size, flops, device_peak_flops(env.device), env.device)
