@@ -14,7 +14,6 @@ import statistics
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 
-from ..plots import new_figure, save_figure
 from .stats import PairedDifference, paired_difference
 
 # config keys that name a repeat rather than change the experiment
@@ -136,6 +135,8 @@ def seeds_table(groups: list[Group], final_val, final_train) -> tuple[list[str],
 def plot_bands(groups: list[Group], out: Path) -> Path:
     """Train loss against tokens: the mean over a group's seeds with a band of ± one sd; the validation loss
     as mean with error bars of one sd."""
+    from ..plots import new_figure, save_figure  # matplotlib loads where a study is plotted, not where it runs
+
     fig, ax = new_figure(8, 5)
     for i, group in enumerate(groups):
         color = f"C{i}"

@@ -6,8 +6,6 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from scipy import stats as scipy_stats
-
 # the fewest pairs whose t interval a table or chart shows: two pairs' spans t(0.975, 1) = 12.7 sd/sqrt(2), true
 # but wide enough to hide every other layout's interval beside it; their mean is shown
 PAIRS_FOR_AN_INTERVAL = 3
@@ -37,6 +35,14 @@ class PairedDifference:
         return self.low > 0 or self.high < 0
 
 
+def _scipy_stats():
+    # scipy (~2 CPU-s to import) loads where a study is analysed, not where it runs: `ladder-train study` and every
+    # Slurm array task of one import this package and never compute an interval
+    from scipy import stats
+
+    return stats
+
+
 def paired_difference(values: list[float], baseline: list[float], confidence: float = 0.95) -> PairedDifference:
     """``values[i] - baseline[i]`` are the paired differences (same seed: same data order and initial weights)."""
     if len(values) != len(baseline):
@@ -46,6 +52,7 @@ def paired_difference(values: list[float], baseline: list[float], confidence: fl
     diffs = [a - b for a, b in zip(values, baseline, strict=True)]
     n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
     se = sd / math.sqrt(n)
+    scipy_stats = _scipy_stats()
     p_value = 1.0 if se == 0 and mean == 0 else (0.0 if se == 0 else 2 * scipy_stats.t.sf(abs(mean) / se, n - 1))
     return PairedDifference(n, mean, sd, half_width(sd, n, confidence), float(p_value), confidence)
 
@@ -53,7 +60,7 @@ def paired_difference(values: list[float], baseline: list[float], confidence: fl
 def half_width(sd: float, n: int, confidence: float = 0.95) -> float:
     """The half-width of the two-sided t interval of a mean over ``n`` pairs whose sd is ``sd``: t(1 - alpha/2,
     n - 1) x sd / sqrt(n); with the sd of fewer pairs, what ``n`` pairs project."""
-    return float(scipy_stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
+    return float(_scipy_stats().t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ def power(effect: float, sd: float, n: int, confidence: float = 0.95) -> float:
     if sd <= 0:
         return 1.0 if effect else 1 - confidence
     df = n - 1
+    scipy_stats = _scipy_stats()
     critical = scipy_stats.t.ppf(0.5 + confidence / 2, df)
     centre = effect / (sd / math.sqrt(n))
     # both tails as upper tails (the far lower tail's cdf can come back nan); a tail too far out to compute is 0
