@@ -244,33 +244,45 @@ def simulate(ops: list[tuple], comm_cost) -> float:
     busy: list[tuple[float, float, float]] = []  # (start, end, interference) on any channel
     done: dict[str, float] = {}
     for op in ops:
-        if op[0] == "compute":
-            t = _advance(t, op[1], busy)
-            busy = [iv for iv in busy if iv[1] > t]
-        elif op[0] == "reduce":
+        kind = op[0]
+        if kind == "compute":
+            if busy:
+                t = _advance(t, op[1], busy)
+                busy = [iv for iv in busy if iv[1] > t]
+            else:
+                t += op[1]
+        elif kind == "reduce":  # comparisons, not max(): this loop runs millions of times in a fit
             end = t
             for channel, seconds, interference in comm_cost(op[2]):
-                start = max(t, channel_end.get(channel, 0.0))
-                channel_end[channel] = start + seconds
-                end = max(end, start + seconds)
+                start = channel_end.get(channel, 0.0)
+                if start < t:
+                    start = t
+                stop = channel_end[channel] = start + seconds
+                if stop > end:
+                    end = stop
                 if interference > 0 and seconds > 0:
-                    busy.append((start, start + seconds, interference))
+                    busy.append((start, stop, interference))
             done[op[1]] = end
         else:
-            t = max(t, done.pop(op[1]))
+            ready = done.pop(op[1])
+            if ready > t:
+                t = ready
     return t
 
 
 def _advance(t: float, work: float, busy: list[tuple[float, float, float]]) -> float:
     """Time at which ``work`` seconds of compute started at ``t`` end, slowed where all-reduces run."""
-    if not busy:
-        return t + work
     while work > 1e-18:
-        slow = sum(f for s, e, f in busy if s <= t < e)
-        rate = max(1.0 - slow, 0.0)
-        edges = [x for s, e, _ in busy for x in (s, e) if x > t]
-        horizon = min(edges) if edges else math.inf
-        if rate == 0.0:  # compute stalls until this all-reduce is off the wire
+        slow, horizon = 0.0, math.inf  # the interference now, and the next time it changes
+        for start, end, interference in busy:
+            if start <= t < end:
+                slow += interference
+            if t < start < horizon:
+                horizon = start
+            if t < end < horizon:
+                horizon = end
+        rate = 1.0 - slow
+        if rate <= 0.0:  # compute stalls until this all-reduce is off the wire
             t = horizon
             continue
         if t + work / rate <= horizon:
