@@ -5,7 +5,7 @@ tensor parallelism (its flags: ``cli/bench.py``).
     ladder-bench --model small --tp 2 --layouts standard,ladder,desync-2,desync-4 --link-latency-ms 2 --compile off
     torchrun --nproc-per-node 8 -m ladder_train.bench --model 3.5B-32h --out results.jsonl
 
-Without torchrun, ``--tp N`` spawns its N ranks itself (gloo on the CPU, one thread each). For every
+Without torchrun, ``--tp N`` starts its N ranks itself (forked by a fork server; gloo on the CPU, one thread each). For every
 layout and batch size it measures a greedy generation (prefill + decode) with the real all-reduces and
 again with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports
 medians over the measured runs: the speedup over standard in the paper's terms (end-to-end tokens/s,
@@ -285,6 +285,7 @@ def check_tokens_agree(tokens: dict, group):
 
 
 def _spawned_rank(rank: int, options: BenchOptions, world: int, port: int, launcher: int):
+    end_with_parent(os.getppid(), signal.SIGTERM)  # the fork server, which ends when ladder-bench does
     end_with_parent(launcher, signal.SIGTERM)  # a killed ladder-bench takes its ranks with it
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["LOCAL_RANK"] = str(rank)
@@ -309,7 +310,13 @@ def run_benchmark(options: BenchOptions) -> int:
     if tp == 1:
         run_rank(options)
         return 0
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    mp.spawn(_spawned_rank, args=(options, tp, free_port(), os.getpid()), nprocs=tp, join=True)
+    # the ranks are forked by a fork server that imported this module once: a spawned rank imports torch and the
+    # inference code itself, seconds of CPU per rank
+    multiprocessing.set_forkserver_preload([__name__])
+    args = (options, tp, free_port(), os.getpid())
+    mp.start_processes(_spawned_rank, args=args, nprocs=tp, join=True, start_method="forkserver")
     return 0
