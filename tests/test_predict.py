@@ -11,11 +11,9 @@ import pytest
 
 from ladder_train.cli import ladder_predict as predict_main
 from ladder_train.predict import paper_check
-from ladder_train.predict.hardware import load_profiles
+from ladder_train.predict.hardware import Device, Link, load_profiles
 from ladder_train.predict.perfmodel import (
-    Device,
     InputError,
-    Link,
     _gemm,
     allreduce_s,
     module_kernels,

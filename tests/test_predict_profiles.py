@@ -9,8 +9,8 @@ import pytest
 from ladder_train.cli import ladder_predict as predict_main
 from ladder_train.predict import compare, paper_check
 from ladder_train.predict.calibrate import fit_alpha_beta
-from ladder_train.predict.hardware import load_profiles, parse_profiles
-from ladder_train.predict.perfmodel import Device, InputError, Link, module_kernels, predict_rows, roofline_s
+from ladder_train.predict.hardware import Device, Link, load_profiles, parse_profiles
+from ladder_train.predict.perfmodel import InputError, module_kernels, predict_rows, roofline_s
 from ladder_train.predict.shapes import resolve_shape
 
 

@@ -12,7 +12,8 @@ from ..bench_schema import WHERE
 from ..errors import InputError
 from ..model import PAPER_LAYOUTS
 from ..option_errors import desync_every
-from .perfmodel import Device, Emulated, predict_rows
+from .hardware import Device
+from .perfmodel import Emulated, predict_rows
 from .rows import decode_rows, profile_for
 from .shapes import shape_from_fields
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from ..bench_schema import WHERE
 from ..errors import InputError
 from .compare import rows_by_profile
-from .perfmodel import Device, predict_generation
+from .hardware import Device
+from .perfmodel import predict_generation
 from .rows import copy_efficiency, read_rows
 from .shapes import shape_from_fields
 

@@ -9,10 +9,14 @@ A profile and each of its links may say where each of its constants comes from: 
 from"}`` with KIND one of ``ORIGIN_KINDS`` (a public specification, a measurement, fitted to data, or assumed).
 The loader checks it (a known KIND, a KEY the entry has) and the prediction never reads it; every constant
 of the shipped file has one (``ORIGIN_NEEDED``; ``origins`` lists them).
+
+A loaded profile is a ``Device`` with its ``Link``s: the figures ``perfmodel.py`` prices kernels and all-reduces
+with.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -21,9 +25,43 @@ import yaml
 from ..errors import InputError
 from ..gpu_cards import CARDS
 from ..option_errors import OptionError
-from .perfmodel import Device, Link
 
 SHIPPED = "hardware.yaml"
+
+
+@dataclass(frozen=True)
+class Link:
+    """One interconnect. ``alpha_s``: fixed time of one all-reduce (small-message latency); ``busbw``:
+    nccl-tests' bus bandwidth (bytes/s), so a ring takes alpha + 2(p-1)/p x bytes / busbw; ``link_bw``:
+    per-GPU unidirectional bandwidth for one-shot (each rank reads the p-1 others: alpha + (p-1) x bytes /
+    link_bw); ``interference``: the fraction of compute speed lost while an all-reduce is on the wire."""
+
+    name: str
+    alpha_s: float
+    busbw: float
+    algorithm: str = "ring"
+    link_bw: float | None = None
+    interference: float = 0.0
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    peak_flops: float  # per rank, in the benchmark's dtype
+    mem_bw: float  # bytes/s per rank
+    compute_eff: float
+    mem_eff: float
+    kernel_s: float  # fixed cost per kernel (launch under CUDA graphs, op dispatch in eager PyTorch)
+    dtype_bytes: int
+    compiled: bool  # fused kernels and a static cache read whole (CUDA graphs), else eager ops
+    links: dict[str, Link] = field(default_factory=dict)
+    gpus_per_node: int = 8
+    inter_node: str | None = None  # the link between nodes when tp > gpus_per_node
+    # measured fixed costs (eager CPU): seconds per attention block, per MLP block and per step (embedding,
+    # head, sampling, the Python loop); when given they replace kernel_s x the kernel count
+    overheads: dict[str, float] | None = None
+    card: str | None = None  # the GPU card of gpu_cards.py the profile names (``card:``): rows of it are its rows
+
 
 # key -> (required, kind); kind "pos" = positive number, "frac" = in [0, 1], "bool", "str", "int"
 DEVICE_KEYS = {

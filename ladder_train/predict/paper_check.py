@@ -18,7 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from ..paper import INFERENCE_BATCHES, INFERENCE_TP8_70B
-from .perfmodel import Device, predict_generation
+from .hardware import Device
+from .perfmodel import predict_generation
 from .shapes import resolve_shape
 
 PROG = "ladder-predict paper"

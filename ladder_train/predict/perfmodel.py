@@ -22,48 +22,15 @@ Model shapes (presets, the paper's Llama sizes, a ``config.json``) are in ``shap
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import InputError
 from ..model import PAPER_LAYOUTS
 from ..model.tp_sharding import check_tp_degree, local_kv_heads
+from .hardware import Device, Link
 from .shapes import Shape
 
-# ---------------------------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True)
-class Link:
-    """One interconnect. ``alpha_s``: fixed time of one all-reduce (small-message latency); ``busbw``:
-    nccl-tests' bus bandwidth (bytes/s), so a ring takes alpha + 2(p-1)/p x bytes / busbw; ``link_bw``:
-    per-GPU unidirectional bandwidth for one-shot (each rank reads the p-1 others: alpha + (p-1) x bytes /
-    link_bw); ``interference``: the fraction of compute speed lost while an all-reduce is on the wire."""
-
-    name: str
-    alpha_s: float
-    busbw: float
-    algorithm: str = "ring"
-    link_bw: float | None = None
-    interference: float = 0.0
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    peak_flops: float  # per rank, in the benchmark's dtype
-    mem_bw: float  # bytes/s per rank
-    compute_eff: float
-    mem_eff: float
-    kernel_s: float  # fixed cost per kernel (launch under CUDA graphs, op dispatch in eager PyTorch)
-    dtype_bytes: int
-    compiled: bool  # fused kernels and a static cache read whole (CUDA graphs), else eager ops
-    links: dict[str, Link] = field(default_factory=dict)
-    gpus_per_node: int = 8
-    inter_node: str | None = None  # the link between nodes when tp > gpus_per_node
-    # measured fixed costs (eager CPU): seconds per attention block, per MLP block and per step (embedding,
-    # head, sampling, the Python loop); when given they replace kernel_s x the kernel count
-    overheads: dict[str, float] | None = None
-    card: str | None = None  # the GPU card of gpu_cards.py the profile names (``card:``): rows of it are its rows
+# ------------------------------------------------------------------------------------------------- costs
 
 
 def comm_parts(link: Link, nbytes: float, tp: int) -> float:
@@ -89,9 +56,6 @@ def allreduce_s(link: Link, nbytes: float, tp: int, device: Device) -> float:
         )
     inter = device.links[device.inter_node]
     return comm_parts(link, nbytes, g) + comm_parts(inter, nbytes / g, tp // g)
-
-
-# ------------------------------------------------------------------------------------------------- costs
 
 
 @dataclass(frozen=True)

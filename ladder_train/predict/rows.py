@@ -13,7 +13,7 @@ from pathlib import Path
 from ..bench_schema import WHERE, read_bench
 from ..errors import InputError
 from ..gpu_cards import card_for
-from .perfmodel import Device
+from .hardware import Device
 from .shapes import resolve_shape
 
 # the fields of a ladder-bench row (bench_schema.FIELDS) a prediction needs, beside model_args
