@@ -5,9 +5,9 @@ tensor parallelism (its flags: ``cli/bench.py``).
     ladder-bench --model small --tp 2 --layouts standard,ladder,desync-2,desync-4 --link-latency-ms 2 --compile off
     torchrun --nproc-per-node 8 -m ladder_train.bench --model 3.5B-32h --out results.jsonl
 
-Without torchrun, ``--tp N`` starts its N ranks itself (forked by a fork server; gloo on the CPU, one thread each). For every
-layout and batch size it measures a greedy generation (prefill + decode) with the real all-reduces and
-again with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports
+Without torchrun, ``--tp N`` starts its N ranks itself (forked by a fork server; gloo on the CPU, one thread
+each). For every layout and batch size it measures a greedy generation (prefill + decode) with the real
+all-reduces and again with every all-reduce skipped (the no-communication ceiling), after warm-up runs, and reports
 medians over the measured runs: the speedup over standard in the paper's terms (end-to-end tokens/s,
 batch x new tokens / wall time, prefill included) and, beside it, the decode-step speedup; the all-reduces
 of one decode step, counted (``comm_count.py``: a desync-K layout, built for the TP degree it runs at, skips
