@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from benchmarks.records import BenchmarkError, append_rows, config_override, invocation, positive_int, refuse
+from ladder_train.lifetime import ends_with_this_process
 
 
 def busy_cpu_s() -> float:
@@ -35,7 +36,8 @@ def one_round(config: str, overrides: list[str], run_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "ladder_train.train", "--config", config, f"run.dir={run_dir}", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     busy, start = busy_cpu_s(), time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # the trainer gets SIGTERM (saves, exits) if the benchmark dies: no round outlives it
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, preexec_fn=ends_with_this_process())
     wall, cpu = time.perf_counter() - start, busy_cpu_s() - busy
     if done.returncode != 0:
         raise BenchmarkError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()[-500:]}")
