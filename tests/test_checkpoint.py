@@ -1,6 +1,7 @@
-"""The checkpoint package: exact resume after SIGKILL, resharding 4 -> 2 -> 1 processes, SIGTERM preemption, torn
-folders, shape mismatches, checkpoint.keep and checkpoint.load, one wandb id across a multi-process resume, the
-checkpoint stall benchmark. Damaged and crafted checkpoints: tests/test_checkpoint_integrity.py."""
+"""The checkpoint package: exact resume after torchrun is SIGKILLed (its ranks ending with it), resharding
+4 -> 2 -> 1 processes, SIGTERM preemption, torn folders, shape mismatches, checkpoint.keep and checkpoint.load, one
+wandb id across a multi-process resume, the checkpoint stall benchmark. Damaged and crafted checkpoints:
+tests/test_checkpoint_integrity.py."""
 
 import contextlib
 import json
@@ -48,7 +49,7 @@ def losses_by_step(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records}
 
 
-def torchrun(run_dir: Path, nproc: int, *extra: str) -> subprocess.Popen:
+def torchrun(run_dir: Path, nproc: int, *extra: str, env=None) -> subprocess.Popen:
     cmd = [
         PYTHON,
         "-m",
@@ -60,7 +61,7 @@ def torchrun(run_dir: Path, nproc: int, *extra: str) -> subprocess.Popen:
     ]
     return subprocess.Popen(
         [*cmd, *SMOKE, f"run.dir={run_dir}", *extra],
-        env=ENV,
+        env=env or ENV,
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -105,31 +106,64 @@ def train(run_dir: Path, *extra: str, env=None) -> subprocess.CompletedProcess:
 # save and resume --------------------------------------------------------------------------------------------
 
 
+WANDB_OFFLINE = {**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes in a container)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_reproduces_every_loss(tmp_path):
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_kill_9_of_torchrun_ends_every_rank_and_the_resume_repeats_every_loss_and_the_wandb_id(tmp_path):
+    """One killed two-rank run checks four things: a SIGKILLed torchrun's ranks save on their way out (their
+    parent-death signal is SIGTERM) and end, with their loader workers; a torn last save is skipped; the run resumed
+    from the periodic checkpoint before it replays every loss bit for bit; and it logs to the same wandb run."""
+    pytest.importorskip("wandb")
     reference = tmp_path / "reference"
     proc = torchrun(reference, 2)
     assert proc.wait(timeout=300) == 0, proc.stdout.read()
 
     killed = tmp_path / "killed"
-    proc = torchrun(killed, 2)
-    wait_for_step(killed, 6, proc)  # past the step-4 checkpoint, before step 8's
-    # torchrun starts each rank in a session of its own: kill the agent, the ranks and their data
-    # workers at once, as a node failure would
-    for pid in [proc.pid, *descendants(proc.pid)]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    saved = sorted(p.name for p in (killed / "checkpoints").iterdir())
-    assert "step-4" in saved and "step-12" not in saved
+    proc = torchrun(killed, 2, env=WANDB_OFFLINE)
+    run = set()
+    try:
+        wait_for_step(killed, 6, proc)  # past the step-4 checkpoint
+        run = set(descendants(proc.pid))  # two ranks and their loader workers
+        assert len(run) >= 4, run
+        proc.send_signal(signal.SIGKILL)  # the agent only, as Slurm's kill of a job step
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(running(p) for p in run):
+            time.sleep(0.1)
+        assert not [p for p in run if running(p)], "processes of the run outlived torchrun"
+    finally:
+        for pid in [proc.pid, *run]:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+    folder = killed / "checkpoints"
+    complete = sorted(int(p.parent.name.split("-")[1]) for p in folder.glob(f"step-*/{COMPLETE_MARKER}"))
+    assert 6 <= complete[-1] < 12 and 4 in complete, complete  # the ranks' save on their way out
+    # as a node failure would leave it: the last save torn, so the resume replays from the periodic one before it
+    (folder / f"step-{complete[-1]}" / COMPLETE_MARKER).unlink()
+    periodic = folder / f"step-{complete[-2]}"
+    wandb_id = read_trainer_state(periodic)["wandb_id"]
+    assert isinstance(wandb_id, str) and wandb_id
 
-    proc = torchrun(killed, 2)
+    proc = torchrun(killed, 2, env=WANDB_OFFLINE)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
-    assert "resuming from" in output
+    assert f"resuming from {periodic} at step {complete[-2]}" in output
     expected, resumed = losses_by_step(reference), losses_by_step(killed)
     assert sorted(expected) == list(range(1, 13))
     assert resumed == expected  # bit for bit, every step
+    assert read_trainer_state(killed / "checkpoints" / "step-12")["wandb_id"] == wandb_id
+    runs = sorted(p.name for p in (killed / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{wandb_id}") for name in runs), runs
 
 
 SEQ, GLOBAL, VOCAB = 16, 8, 256
@@ -246,33 +280,6 @@ def test_checkpoint_load_of_a_missing_folder_says_so(tmp_path):
     cfg = load_config(None, [f"checkpoint.load={missing}"])
     with pytest.raises(CheckpointError, match=f"^checkpoint.load={missing}: no such folder$"):
         Checkpointer(cfg.checkpoint, tmp_path, rank=0, world_size=1).resume_path()
-
-
-def torchrun_two_processes(run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "ladder_train.train"]
-        + [*SMOKE_EVERY_2, f"run.dir={run_dir}", *extra],
-        env={**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-
-
-@pytest.mark.slow
-def test_two_process_resume_keeps_the_wandb_id(tmp_path):
-    pytest.importorskip("wandb")
-    run_dir = tmp_path / "run"
-    first = torchrun_two_processes(run_dir, "train.max_steps=2")
-    assert first.returncode == 0, first.stderr
-    saved = read_trainer_state(run_dir / "checkpoints" / "step-2")["wandb_id"]
-    assert isinstance(saved, str) and saved
-    second = torchrun_two_processes(run_dir, "train.max_steps=4")
-    assert second.returncode == 0, second.stderr
-    assert "resuming from" in second.stdout
-    assert read_trainer_state(run_dir / "checkpoints" / "step-4")["wandb_id"] == saved
-    runs = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(f"-{saved}") for name in runs), runs
 
 
 # the checkpoint stall benchmark -----------------------------------------------------------------------------
