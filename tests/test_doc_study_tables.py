@@ -31,19 +31,61 @@ def test_the_pooled_sd_weighs_each_comparisons_variance_by_its_degrees_of_freedo
         pooled_sd([])
 
 
-def _final_val_losses() -> dict[tuple[str, int], dict[int, float]]:
-    """{(residual, layers): {seed: validation loss at the run's last validation step}}, read from the committed
-    folders' names and metrics rows alone (not through the report's code)."""
+def _final_val_losses(folder: Path = SEEDS, wikitext: bool = False) -> dict[tuple[str, int], dict[int, float]]:
+    """{(residual, layers): {seed: validation loss at the run's last validation step}} (``wikitext``: the end-of-run
+    WikiText-2 bits/byte instead), read from the committed folders' names, metrics rows and eval files alone (not
+    through the report's code)."""
     losses: dict[tuple[str, int], dict[int, float]] = {}
-    for metrics in sorted(SEEDS.glob("*/metrics.jsonl")):
+    for metrics in sorted(folder.glob("*/metrics.jsonl")):
         keys = dict(part.split("=", 1) for part in metrics.parent.name.split(","))
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         val = [row for row in rows if "val_loss" in row]
         last = max(row["step"] for row in val)
         final = [row["val_loss"] for row in val if row["step"] == last][-1]  # a resumed run's last record
+        if wikitext:
+            evals = json.loads((metrics.parent / "eval" / f"step-{last}.json").read_text())
+            final = evals["summary"]["wikitext2_local"]["bits_per_byte"]
         group = (keys["model.residual"], int(keys.get("model.n_layers", 8)))
+        if folder != SEEDS:
+            group += (keys["train.optimizer.lr"],)
         losses.setdefault(group, {})[int(keys.get("run.seed", 0))] = final
     return losses
+
+
+def _paired(values: dict[int, float], baseline: dict[int, float]) -> tuple[int, float, float, float]:
+    """n, mean, 95 % half-width and two-sided p of the paired t over the seeds both have."""
+    from scipy import stats
+
+    gaps = [values[seed] - baseline[seed] for seed in sorted(values) if seed in baseline]
+    n, mean, sd = len(gaps), statistics.fmean(gaps), statistics.stdev(gaps)
+    se = sd / math.sqrt(n)
+    return n, mean, stats.t.ppf(0.975, n - 1) * se, 2 * stats.t.sf(abs(mean) / se, n - 1)
+
+
+def test_results_md_quotes_the_each_at_its_rate_comparison_as_the_committed_runs_give_it():
+    """Ladder 4e-3 − standard 8e-3 (issue 64's comparison), recomputed from the runs: the pairs so far, the
+    interval, p, Holm over the protocol's five comparisons and WikiText-2, as results.md's prose quotes them."""
+    at_4e3, wiki_4e3 = {}, {}
+    for folder in (ROOT / "docs/results/study_small/horizon", ROOT / "docs/results/study_small/ladder_4e-3"):
+        at_4e3.update(_final_val_losses(folder).get(("ladder", 8, "4e-3"), {}))
+        wiki_4e3.update(_final_val_losses(folder, wikitext=True).get(("ladder", 8, "4e-3"), {}))
+    losses, wiki = _final_val_losses(), _final_val_losses(wikitext=True)
+    standard = losses.pop(("standard", 8))
+    n, mean, half, p = _paired(at_4e3, standard)
+    family = sorted([p, *(_paired(runs, standard)[3] for runs in losses.values())])
+    holm = max(min(1.0, (len(family) - rank) * q) for rank, q in enumerate(family) if q <= p)  # step-down, to p
+    wn, wmean, whalf, wp = _paired(wiki_4e3, wiki[("standard", 8)])
+    assert len(family) == 5 and wn == n and n >= 7
+
+    def signed(x: float) -> str:
+        return f"{x:+.3f}".replace("-", "−")
+
+    text = " ".join((ROOT / "docs/results.md").read_text().split())
+    figure = f"{signed(mean)} [{signed(mean - half)}, {signed(mean + half)}]"
+    assert f"comparison has {n} of its 13 pairs: {figure}" in text
+    assert f"(interim, {n} pairs of 13) the table gives {figure} at 4e-3 (p {p:.3f}, {holm:.3f} after Holm's" in text
+    wiki_figure = f"WikiText-2 {signed(wmean)} bits/byte [{signed(wmean - whalf)}, {signed(wmean + whalf)}], p {wp:.3f}"
+    assert wiki_figure in text
 
 
 def test_the_paper_gap_tables_pooled_sd_is_the_committed_pairs_weighted_by_degrees_of_freedom():

@@ -205,6 +205,39 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
     assert "3 pair(s) by seed (paired t, as the seeds table)." in table
 
 
+def test_the_ladders_rate_table_adjusts_its_p_over_the_protocols_family_and_gives_wikitext_beside_it(tmp_path):
+    from fabricate import fabricate_run
+
+    from tools.docs_tables import make_table
+
+    for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
+        (tmp_path / folder).mkdir(parents=True)
+    gaps_8e3, gaps_4e3, wiki_gaps = (0.02, 0.04, 0.09), (0.05, 0.06, 0.07), (0.1, 0.3, 0.2)
+    for seed in range(3):
+        for layout, base in (("standard", 2.0 + seed), ("ladder", 2.0 + seed + gaps_8e3[seed])):
+            overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
+            wiki = {"wikitext2_local": {"bits_per_byte": 1.0 + seed}}
+            fabricate_run(tmp_path / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary=wiki)
+        folder = tmp_path / (STUDY_HORIZON if seed == 0 else STUDY_LADDER_4E3)
+        overrides = ["train.optimizer.lr=4e-3", f"run.seed={seed}"]
+        wiki = {"wikitext2_local": {"bits_per_byte": 1.0 + seed + wiki_gaps[seed]}}
+        fabricate_run(folder, f"ladder_s{seed}", "ladder", 2.0 + seed + gaps_4e3[seed], overrides, summary=wiki)
+    table = make_table("study-ladder-rate", tmp_path)
+    lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
+    rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
+    # three pairs, t with 2 degrees of freedom: two-sided p = 1 - t / sqrt(2 + t^2)
+    # 8e-3: gaps 0.02, 0.04, 0.09, t = 0.05 / (0.036056 / sqrt 3) = 2.4019 -> p = 0.1383
+    # 4e-3: gaps 0.05, 0.06, 0.07, t = 0.06 / (0.01 / sqrt 3) = 10.392 -> p = 0.00917
+    # 4e-3 - 8e-3: +0.03, +0.02, -0.02, t = 0.01 / (0.026458 / sqrt 3) = 0.65465 -> p = 0.5799
+    assert rows["p"] == ["0.138", "0.009", "0.580"]
+    # Holm over the seeds table's one comparison (ladder 8e-3, p 0.1383) and this one (0.00917): the smaller
+    # times two, 0.0183
+    assert rows["Holm p (2 comparisons)"] == ["", "0.018", ""]
+    # WikiText-2 gaps 0.1, 0.3, 0.2: mean 0.2, sd 0.1, half-width 4.3027 x 0.1 / sqrt 3 = 0.2484, t = 3.4641 -> p 0.0742
+    assert "WikiText-2 (bits per byte), ladder 4e-3 − standard 8e-3 over the same 3 pairs: +0.2000 " in table
+    assert "[-0.0484, +0.4484], p = 0.074." in table
+
+
 def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_bracketed_best(tmp_path):
     from fabricate import fabricate_run
 

@@ -10,12 +10,15 @@ from ladder_train.option_errors import desync_every, layout_name
 from ladder_train.report.tables import markdown_table
 from ladder_train.study import (
     PAIRS_FOR_AN_INTERVAL,
+    compare_groups,
     default_baseline,
     final_val_loss,
     group_runs,
+    holm,
     paired_difference,
     sweeps,
 )
+from ladder_train.study.groups import Group
 
 from .study_runs import interval, ladder_difference, loss_differences, seed_runs, study_runs
 
@@ -84,7 +87,8 @@ def horizon(root: Path, horizon: str, seeds: str) -> str:
 def ladder_rate(root: Path, horizon: str, ladder_4e3: str, seeds: str) -> str:
     """The ladder at 4e-3 seed by seed (seed 0 is the horizon run), beside its 8e-3 run and standard's 8e-3 run of
     the same seed, with the paired differences to standard and between the two rates; their mean from two seeds,
-    their t interval from three."""
+    their t interval and p from three, with the Holm-adjusted p of ladder 4e-3 − standard over the family the
+    protocol names (the seeds table's validation-loss comparisons and this one) and WikiText-2 beside it."""
     at_4e3 = study_runs(root, horizon) + study_runs(root, ladder_4e3, required=False)
     at_4e3 = [run for run in at_4e3 if run.residual == "ladder" and run.config.train.optimizer.lr == 4e-3]
     at_8e3 = seed_runs(root, seeds)
@@ -105,13 +109,39 @@ def ladder_rate(root: Path, horizon: str, ladder_4e3: str, seeds: str) -> str:
     if pairs > 1:
         gaps = (paired_difference(olds, bases), paired_difference(news, bases), paired_difference(news, olds))
         rows.append(["mean", "", "", "", *(f"{gap.mean:+.4f}" for gap in gaps)])
+    beside = ""
     if pairs >= PAIRS_FOR_AN_INTERVAL:
         rows.append(["95 % t interval", "", "", "", *map(interval, gaps)])
+        rows.append(["p", "", "", "", *(f"{gap.p_value:.3f}" for gap in gaps)])
+        groups = group_runs(list(at_8e3.values()))
+        baseline = default_baseline(groups)
+        family = [row.difference.p_value for row in loss_differences(groups, baseline) if row.difference]
+        adjusted = holm([gaps[1].p_value, *family])[0]
+        rows.append([f"Holm p ({len(family) + 1} comparisons)", "", "", "", "", f"{adjusted:.3f}", ""])
+        beside = _wikitext_beside(Group("ladder 4e-3", at_4e3), baseline)
     header = ["seed", "ladder 8e-3", "ladder 4e-3", "standard 8e-3", "ladder 8e-3 − standard", "ladder 4e-3 − standard"]
     header.append("ladder 4e-3 − 8e-3")
     return (
         markdown_table(header, rows)
         + f"\n\nValidation loss (nats/byte) at step 2,200, one run per cell; the ladder at 4e-3 from `{horizon}` "
         f"(seed 0) and `{ladder_4e3}`, the 8e-3 runs from `{seeds}`; {pairs} pair(s) by seed"
-        + (": no interval before three.\n" if pairs < PAIRS_FOR_AN_INTERVAL else " (paired t, as the seeds table).\n")
+        + (
+            ": no interval before three.\n"
+            if pairs < PAIRS_FOR_AN_INTERVAL
+            else " (paired t, as the seeds table). Holm p: ladder 4e-3 − standard adjusted with the seeds table's "
+            "validation-loss comparisons (step 2 of the protocol); the other two columns are descriptions outside "
+            f"that family.{beside}\n"
+        )
     )
+
+
+def _wikitext_beside(ladder: Group, baseline: Group) -> str:
+    """The protocol's second metric for ladder 4e-3 − standard 8e-3, paired by seed as the validation loss."""
+    for row in compare_groups([ladder, baseline], baseline):
+        if row.group is ladder and row.metric.name.startswith("wikitext") and row.difference is not None:
+            gap = row.difference
+            return (
+                f" WikiText-2 ({row.metric.name.split(' ', 1)[1].replace('_', ' ')}), ladder 4e-3 − standard 8e-3 over "
+                f"the same {gap.n} pairs: {gap.mean:+.4f} {interval(gap)}, p = {gap.p_value:.3f}."
+            )
+    return ""
