@@ -6,13 +6,11 @@ and greedy tokens."""
 
 import dataclasses
 import json
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from dist_utils import torchrun
+from dist_utils import run_ranks, torchrun
 
 from ladder_train.checkpoint import Checkpointer
 from ladder_train.cli import ladder_generate as generate_main
@@ -22,7 +20,6 @@ from ladder_train.data.tokenizer import byte_tokenizer, model_tokenizer
 from ladder_train.inference import Generator, TPCommunicator, load_tp_model
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
-from ladder_train.parallel import free_port
 
 # ladder-generate --------------------------------------------------------------------------------------------
 
@@ -265,13 +262,11 @@ def smollm2_reference(smollm2):
     return ids, logits, out[0, ids.shape[1] :]
 
 
-def _smollm2_rank(rank, world, port, folder, ids, out):
-    torch.set_num_threads(1)
-    group = None
-    if world > 1:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        group = dist.group.WORLD
+def _smollm2_rank(folder, ids, out, distributed: bool):
+    rank, world, group = 0, 1, None
+    if distributed:  # a rank of run_ranks
+        dist.init_process_group("gloo")
+        rank, world, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
     model = load_tp_model(folder, tp_rank=rank, tp_size=world, group=group)
     if group is not None:
         model.set_communicator(TPCommunicator("sync", group))
@@ -291,9 +286,9 @@ def test_smollm2_at_tp_gives_transformers_logits_and_greedy_tokens(smollm2, smol
     ids, expected_logits, expected_tokens = smollm2_reference
     assert expected_tokens.shape == (SMOLLM2_NEW_TOKENS,)  # observed: no eos within 32 tokens of this prompt
     if tp == 1:
-        _smollm2_rank(0, 1, None, smollm2, ids, tmp_path)
+        _smollm2_rank(smollm2, ids, tmp_path, distributed=False)
     else:  # 9 heads and 3 kv heads: 3 and 1 per rank
-        mp.spawn(_smollm2_rank, args=(tp, free_port(), smollm2, ids, tmp_path), nprocs=tp, join=True)
+        run_ranks(_smollm2_rank, tp, smollm2, ids, tmp_path, True)
     for rank in range(tp):
         result = torch.load(tmp_path / f"{rank}.pt")
         assert result["rows"] == (9 // tp * 64, 3 // tp * 64)  # this rank's heads and kv heads of 64

@@ -10,7 +10,6 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from dist_utils import run_ranks, save_training_checkpoint
 
 from ladder_train.inference import Generator, TPCommunicator, comm_mode_for, load_tp_model
@@ -19,7 +18,6 @@ from ladder_train.loading import load_model, load_tp_shard
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
 from ladder_train.model.transformer import RMSNorm
-from ladder_train.parallel import free_port
 
 SHAPE = dict(vocab_size=97, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)
 LAYOUTS = {"standard": ("standard", None), "parallel": ("parallel", None), "ladder": ("ladder", None)}
@@ -75,10 +73,9 @@ def rank_seed():
     return 7 + (dist.get_rank() if dist.is_initialized() else 0)
 
 
-def _worker(rank, world, port, exports, out_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _worker(exports, out_dir):
+    dist.init_process_group("gloo")  # from run_ranks's environment
+    rank, world = dist.get_rank(), dist.get_world_size()
     results = {}
     for name, path in exports.items():
         model = load_tp_model(path, tp_rank=rank, tp_size=world)
@@ -127,7 +124,7 @@ def tp_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
     exports = {name: str(make_export(root, name, *layout)) for name, layout in LAYOUTS.items()}
     sources = {**exports, "hybrid_checkpoint": str(make_checkpoint(root / "run", *LAYOUTS["hybrid"]))}
-    mp.spawn(_worker, args=(2, free_port(), sources, str(root)), nprocs=2, join=True)
+    run_ranks(_worker, 2, sources, str(root))
     ranks = [torch.load(root / f"rank{r}.pt") for r in range(2)]
     reference = {name: run_model(load_model(path).eval()) for name, path in exports.items()}
     reference["hybrid_checkpoint_tp1"] = run_model(load_tp_model(sources["hybrid_checkpoint"]))

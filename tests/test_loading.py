@@ -5,12 +5,11 @@ non-Llama layouts do not pass for a Llama; a real pretrained model, SmolLM2-135M
 Starting a run from saved weights: tests/test_loading_init_from.py; crafted folders: tests/test_loading_crafted.py."""
 
 import json
-import os
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from dist_utils import run_ranks
 
 import ladder_train.hf
 from ladder_train import load_model
@@ -20,7 +19,6 @@ from ladder_train.inference import Generator
 from ladder_train.loading import load_tp_shard
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import INDEX_FILE, LADDER_MODEL_TYPE, save_export
-from ladder_train.parallel import free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -88,10 +86,9 @@ def test_without_rope_scaling_the_logits_differ(tmp_path):
         assert (plain(TOKENS) - expected).abs().max() > 1e-3
 
 
-def _tp_worker(rank, world, port, folder, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _tp_worker(folder, out):
+    dist.init_process_group("gloo")  # from run_ranks's environment
+    rank, world = dist.get_rank(), dist.get_world_size()
     from ladder_train.inference import TPCommunicator
 
     model = load_tp_shard(folder, tp_rank=rank, tp_size=world)
@@ -108,7 +105,7 @@ def _tp_worker(rank, world, port, folder, out):
 @pytest.mark.slow
 def test_tp2_reads_each_rank_slices_across_shards(tmp_path):
     expected = hf_llama(tmp_path / "hf")
-    mp.spawn(_tp_worker, args=(2, free_port(), tmp_path / "hf", tmp_path), nprocs=2, join=True)
+    run_ranks(_tp_worker, 2, tmp_path / "hf", tmp_path)
     reference = Generator(load_model(tmp_path / "hf").eval(), None).generate(TOKENS[:, :8], 6)
     for rank in range(2):
         result = torch.load(tmp_path / f"{rank}.pt")
