@@ -135,7 +135,7 @@ def test_kill_9_of_torchrun_ends_every_rank_and_the_resume_repeats_every_loss_an
         wait_for_step(killed, 6, proc)  # past the step-4 checkpoint
         run = set(descendants(proc.pid))  # two ranks and their loader workers
         assert len(run) >= 4, run
-        proc.send_signal(signal.SIGKILL)  # the agent only, as Slurm's kill of a job step
+        proc.send_signal(signal.SIGKILL)  # kill -9 of torchrun alone: what it started must end with it
         proc.wait(timeout=10)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and any(running(p) for p in run):
