@@ -31,12 +31,12 @@ def test_the_pooled_sd_weighs_each_comparisons_variance_by_its_degrees_of_freedo
         pooled_sd([])
 
 
-def _final_val_losses(folder: Path = SEEDS, wikitext: bool = False) -> dict[tuple[str, int], dict[int, float]]:
+def _final_val_losses(folder: Path = SEEDS, wikitext: bool = False, named: str = "") -> dict[tuple, dict[int, float]]:
     """{(residual, layers): {seed: validation loss at the run's last validation step}} (``wikitext``: the end-of-run
-    WikiText-2 bits/byte instead), read from the committed folders' names, metrics rows and eval files alone (not
-    through the report's code)."""
-    losses: dict[tuple[str, int], dict[int, float]] = {}
-    for metrics in sorted(folder.glob("*/metrics.jsonl")):
+    WikiText-2 bits/byte instead) of the runs whose folder name holds ``named``, read from the committed folders'
+    names, metrics rows and eval files alone (not through the report's code)."""
+    losses: dict[tuple, dict[int, float]] = {}
+    for metrics in sorted(folder.glob(f"*{named}*/metrics.jsonl")):
         keys = dict(part.split("=", 1) for part in metrics.parent.name.split(","))
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
         val = [row for row in rows if "val_loss" in row]
@@ -46,8 +46,6 @@ def _final_val_losses(folder: Path = SEEDS, wikitext: bool = False) -> dict[tupl
             evals = json.loads((metrics.parent / "eval" / f"step-{last}.json").read_text())
             final = evals["summary"]["wikitext2_local"]["bits_per_byte"]
         group = (keys["model.residual"], int(keys.get("model.n_layers", 8)))
-        if folder != SEEDS:
-            group += (keys["train.optimizer.lr"],)
         losses.setdefault(group, {})[int(keys.get("run.seed", 0))] = final
     return losses
 
@@ -67,8 +65,8 @@ def test_results_md_quotes_the_each_at_its_rate_comparison_as_the_committed_runs
     interval, p, Holm over the protocol's five comparisons and WikiText-2, as results.md's prose quotes them."""
     at_4e3, wiki_4e3 = {}, {}
     for folder in (ROOT / "docs/results/study_small/horizon", ROOT / "docs/results/study_small/ladder_4e-3"):
-        at_4e3.update(_final_val_losses(folder).get(("ladder", 8, "4e-3"), {}))
-        wiki_4e3.update(_final_val_losses(folder, wikitext=True).get(("ladder", 8, "4e-3"), {}))
+        at_4e3.update(_final_val_losses(folder, named="lr=4e-3")[("ladder", 8)])
+        wiki_4e3.update(_final_val_losses(folder, wikitext=True, named="lr=4e-3")[("ladder", 8)])
     losses, wiki = _final_val_losses(), _final_val_losses(wikitext=True)
     standard = losses.pop(("standard", 8))
     n, mean, half, p = _paired(at_4e3, standard)

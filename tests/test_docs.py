@@ -181,20 +181,30 @@ def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_d
     assert "2 pair(s) by seed: no interval before three." in table
 
 
-def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
+def fabricate_ladder_rate(root, gaps_8e3, gaps_4e3, wiki_gaps_4e3=None):
+    """Seeds 0.. of standard and the ladder at 8e-3 and of the ladder at 4e-3 (seed 0 in the horizon folder), the
+    ladder's final validation loss standard's + its gap; with ``wiki_gaps_4e3`` WikiText-2 bits/byte too (the
+    ladder's 8e-3 runs then score as standard's)."""
     from fabricate import fabricate_run
 
+    for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
+        (root / folder).mkdir(parents=True)
+    for seed, (gap_8e3, gap_4e3) in enumerate(zip(gaps_8e3, gaps_4e3, strict=True)):
+        wiki = {} if wiki_gaps_4e3 is None else {"wikitext2_local": {"bits_per_byte": 1.0 + seed}}
+        for layout, base in (("standard", 2.0 + seed), ("ladder", 2.0 + seed + gap_8e3)):
+            overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
+            fabricate_run(root / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary=wiki)
+        if wiki_gaps_4e3 is not None:
+            wiki = {"wikitext2_local": {"bits_per_byte": 1.0 + seed + wiki_gaps_4e3[seed]}}
+        folder = root / (STUDY_HORIZON if seed == 0 else STUDY_LADDER_4E3)
+        overrides = ["train.optimizer.lr=4e-3", f"run.seed={seed}"]
+        fabricate_run(folder, f"ladder_s{seed}", "ladder", 2.0 + seed + gap_4e3, overrides, summary=wiki)
+
+
+def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
     from tools.docs_tables import make_table
 
-    for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
-        (tmp_path / folder).mkdir(parents=True)
-    for seed, gap in enumerate((0.02, 0.04, 0.09)):
-        for layout, base in (("standard", 2.0 + seed), ("ladder", 2.1 + seed)):
-            overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
-            fabricate_run(tmp_path / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary={})
-        folder = tmp_path / (STUDY_HORIZON if seed == 0 else STUDY_LADDER_4E3)
-        overrides = ["train.optimizer.lr=4e-3", f"run.seed={seed}"]
-        fabricate_run(folder, f"ladder_s{seed}", "ladder", 2.0 + seed + gap, overrides, summary={})
+    fabricate_ladder_rate(tmp_path, gaps_8e3=(0.1, 0.1, 0.1), gaps_4e3=(0.02, 0.04, 0.09))
     table = make_table("study-ladder-rate", tmp_path)
     lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
@@ -206,22 +216,9 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
 
 
 def test_the_ladders_rate_table_adjusts_its_p_over_the_protocols_family_and_gives_wikitext_beside_it(tmp_path):
-    from fabricate import fabricate_run
-
     from tools.docs_tables import make_table
 
-    for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
-        (tmp_path / folder).mkdir(parents=True)
-    gaps_8e3, gaps_4e3, wiki_gaps = (0.02, 0.04, 0.09), (0.05, 0.06, 0.07), (0.1, 0.3, 0.2)
-    for seed in range(3):
-        for layout, base in (("standard", 2.0 + seed), ("ladder", 2.0 + seed + gaps_8e3[seed])):
-            overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
-            wiki = {"wikitext2_local": {"bits_per_byte": 1.0 + seed}}
-            fabricate_run(tmp_path / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary=wiki)
-        folder = tmp_path / (STUDY_HORIZON if seed == 0 else STUDY_LADDER_4E3)
-        overrides = ["train.optimizer.lr=4e-3", f"run.seed={seed}"]
-        wiki = {"wikitext2_local": {"bits_per_byte": 1.0 + seed + wiki_gaps[seed]}}
-        fabricate_run(folder, f"ladder_s{seed}", "ladder", 2.0 + seed + gaps_4e3[seed], overrides, summary=wiki)
+    fabricate_ladder_rate(tmp_path, (0.02, 0.04, 0.09), (0.05, 0.06, 0.07), wiki_gaps_4e3=(0.1, 0.3, 0.2))
     table = make_table("study-ladder-rate", tmp_path)
     lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}

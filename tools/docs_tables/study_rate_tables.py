@@ -10,6 +10,7 @@ from ladder_train.option_errors import desync_every, layout_name
 from ladder_train.report.tables import markdown_table
 from ladder_train.study import (
     PAIRS_FOR_AN_INTERVAL,
+    Group,
     compare_groups,
     default_baseline,
     final_val_loss,
@@ -18,7 +19,6 @@ from ladder_train.study import (
     paired_difference,
     sweeps,
 )
-from ladder_train.study.groups import Group
 
 from .study_runs import interval, ladder_difference, loss_differences, seed_runs, study_runs
 
