@@ -364,6 +364,28 @@ for split in ("train", "validation"):
     assert "tokenizer = built-in byte-level tokenizer" in done.stderr and "corpus = python-stdlib" in done.stderr
 
 
+def test_the_stdlib_corpus_lists_the_librarys_files_without_walking_its_skipped_folders(tmp_path, monkeypatch):
+    from ladder_train.data import sources
+
+    skipped = ["pkg/tests/d.py", "test/e.py", "site-packages/wheel/f.py", "lib2to3/g.py"]
+    for name in ["a.py", "b.txt", "pkg/c.py", *skipped]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    monkeypatch.setattr(sources.sysconfig, "get_paths", lambda: {"stdlib": str(tmp_path)})
+    scanned = []
+    scandir = os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path=".": scanned.append(Path(path)) or scandir(path))
+    sources._stdlib_py_files.cache_clear()
+    try:
+        train, validation = sources.stdlib_files("train"), sources.stdlib_files("validation")
+    finally:
+        sources._stdlib_py_files.cache_clear()  # the next test reads the real library
+    assert train == [tmp_path / "a.py", tmp_path / "pkg/c.py"] and validation == []
+    # site-packages can hold ten times the library's files: the skipped folders are never listed, and the
+    # validation split reuses the train split's listing
+    assert sorted(scanned) == [tmp_path, tmp_path / "pkg"]
+
+
 # -- bad input: one line naming the file or key ----------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ Which corpus and which tokenizer a run reads is noted once per job (``note``, us
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import logging
 import os
@@ -258,10 +259,20 @@ def local_files(source: str, split: str) -> list[Path]:
     return files
 
 
+@functools.cache
+def _stdlib_py_files() -> tuple[Path, ...]:
+    # the skipped folders are pruned, not walked: site-packages alone can hold ten times the library's files;
+    # cached because the validation loader opens its split again at every validation
+    files = []
+    for folder, subfolders, names in os.walk(sysconfig.get_paths()["stdlib"]):
+        subfolders[:] = [name for name in subfolders if name not in _STDLIB_SKIP]
+        files += [Path(folder, name) for name in names if name.endswith(".py")]
+    return tuple(sorted(files))
+
+
 def stdlib_files(split: str) -> list[Path]:
     """The standard library's .py files (no test folders): every 20th is the validation split."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(p for p in root.rglob("*.py") if not _STDLIB_SKIP & set(p.relative_to(root).parts))
+    files = _stdlib_py_files()
     if split == "train":
         return [p for i, p in enumerate(files) if i % 20 != 19]
     if split == "validation":
