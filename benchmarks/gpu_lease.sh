@@ -11,8 +11,10 @@
 #                                                 # 2 profiled), whole-1.2B decode with GEMV tuning on and off
 #   OUT=DIR bash benchmarks/gpu_lease.sh study    # the small study's standard/ladder pairs, 8 at once, in bf16, as
 #                                                 # many as start within STUDY_S (~5 min with the defaults)
-# Part times are not yet measured for check and levers as a whole (the H200's 2026-11-28 parts: a 1.2B training run
-# 31-46 s, a variant's 50-77 s, the profiled run 36 s, plans 16 s); each call takes timeout_s 590.
+# check and levers have not been timed whole; their parts' wall times are in docs/results/gpu/h200_2026-11-28.jsonl
+# (a 1.2B training run 26-46 s, a variant's 72-91 s, the profiled run 36 s, whole-1.2B decode 107 s, each one run);
+# each call takes timeout_s 590.
+# tests/test_gpu_check.py runs `check` with TINY=1 and its own CHECK.
 # Each writes at most 7 files under OUT (the device tool brings back 8). Knobs: LOSS_S (60) and CHECK_S (gpu_check's
 # outer limit: 520 after loss_ab, 570 without); CHECK (gpu_check's arguments); STUDY_S (180; a call of timeout_s
 # 450); PYTHON (python3); SEEDS (3,4,5,6,7,8,9,10); TINY=1 (the CPU at tiny sizes: a check of this script).

@@ -1,11 +1,14 @@
 """benchmarks/gpu_check.py and its modules: the plan and metrics readers (gpu_rows), the commands it would run on a GPU
 (gpu_plan), wheels installed for a bare machine and the commit it records (machine), the parts' process groups killed
-(parts), and ``--tiny`` end to end on the CPU. The trace summary's tests: tests/test_train_trace_summary.py."""
+(parts), and ``--tiny`` end to end on the CPU as benchmarks/gpu_lease.sh runs it. The trace summary's tests:
+tests/test_train_trace_summary.py."""
 
+import gzip
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from pathlib import Path
@@ -270,15 +273,22 @@ def tiny_token_folder(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_tiny_runs_every_part_on_the_cpu(tmp_path):
+def test_tiny_runs_every_part_on_the_cpu_through_the_lease_script(tmp_path):
+    """gpu_check --tiny as a device call runs it: benchmarks/gpu_lease.sh check with TINY=1 and its own CHECK."""
     tokens = tiny_token_folder(tmp_path)
     out = tmp_path / "out"
     temp = tmp_path / "temp"  # its own temp dir: another test's gpu_study makes gpu_check_* folders too
     temp.mkdir()
-    argv = [sys.executable, "-m", "benchmarks.gpu_check", "--tiny", "--profile", "--out", str(out)]
-    argv += ["--tokens", str(tokens), "--tokenizer", "byte", "--skip", "2"]
-    env = {**os.environ, "TMPDIR": str(temp)}
-    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    check_args = f"--tiny --profile --keep-trace --tokens {tokens} --tokenizer byte --skip 2"
+    env = {**os.environ, "TMPDIR": str(temp), "TINY": "1", "OUT": str(out), "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_lease.sh", "check"],
+        cwd=REPO,
+        env={**env, "CHECK": check_args},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "gpu.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["ceilings"] + ["train"] * 3 + ["profile"] + ["decode"] * 3
@@ -311,6 +321,8 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
     assert profile["trace"] == "rank0_steps3-5.pt.trace.json" and profile["steps_traced"] == 3
     assert profile["busy_share"] is None and "no GPU events" in profile["note"]
     assert profile["kernels"] == profile["copies"] == 0 and profile["host_step_ms"] > 0
+    with gzip.open(out / profile["trace_kept"]) as kept:  # the lease brings the kept trace back beside the rows
+        assert any(e.get("ph") == "X" for e in json.load(kept)["traceEvents"])
 
     for r, layout in zip(rows[4:], gpu_plan.LAYOUTS, strict=True):
         args = ModelArgs(**{**PRESETS["tiny"], "vocab_size": 257, "n_layers": 2, "residual": layout})
@@ -325,12 +337,17 @@ def test_tiny_runs_every_part_on_the_cpu(tmp_path):
     assert env["torch"] == torch.__version__ and "cuda" in env and env["host"]["cpu_model"]
     assert env["started"].startswith(env["date"]) and "--tiny" in env["command"]
     assert env["git_commit"] is None or len(env["git_commit"]) == 40
-    logs = out / "logs" / env["invocation"]
-    assert {"train-ladder-mb2.log", "plan-train-ladder-mb2.log", "profile-standard-mb2.log", "decode.log"} <= {
-        p.name for p in logs.iterdir()
-    }
-    assert "gpu_check (tiny): CPU: " in done.stdout and "train    standard    2  " in done.stdout  # the table
-    assert not list(temp.glob("gpu_check_*"))  # run folders removed
+    # what comes back from the device: at most 7 files (the tool brings back 8), the logs as one archive
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["check.log", "check_logs.tgz", "gpu.jsonl", "nvidia_smi.txt", profile["trace_kept"]]
+    )
+    with tarfile.open(out / "check_logs.tgz") as logs:
+        names = {Path(name).name for name in logs.getnames() if name.startswith(f"logs/{env['invocation']}/")}
+    assert {"train-ladder-mb2.log", "plan-train-ladder-mb2.log", "profile-standard-mb2.log", "decode.log"} <= names
+    log = (out / "check.log").read_text()
+    assert "gpu_check (tiny): CPU: " in log and "train    standard    2  " in log  # the table
+    assert log in done.stdout
+    assert not list(temp.glob("gpu_check_*")) and not list(temp.glob("tmp.*"))  # run and work folders removed
     leftovers = [p for p in Path("/proc").glob("[0-9]*") if str(tokens) in _cmdline(p)]
     assert leftovers == []  # no part's process outlived it
 
