@@ -9,8 +9,9 @@
 #                                                 # loss alone eager against compiled (loss_ab, at most LOSS_S),
 #                                                 # FSDP units of 4 against 1 at micro-batches 2 and 8 (+ micro-batch
 #                                                 # 2 profiled), whole-1.2B decode with GEMV tuning on and off
-#   OUT=DIR bash benchmarks/gpu_lease.sh study    # the small study's standard/ladder pairs, 8 at once, in bf16, as
-#                                                 # many as start within STUDY_S (~5 min with the defaults)
+#   OUT=DIR bash benchmarks/gpu_lease.sh study    # the small study's seeds in bf16, 8 at once, as many as start
+#                                                 # within STUDY_S (~5 min with the defaults): standard at 8e-3, the
+#                                                 # ladder at 8e-3 and at its own sweep-best 4e-3, seed by seed
 # check and levers have not been timed whole; their parts' wall times are in docs/results/gpu/h200_2026-11-28.jsonl
 # (a 1.2B training run 26-46 s, a variant's 72-91 s, the profiled run 36 s, whole-1.2B decode 107 s, each one run);
 # each call takes timeout_s 590.
@@ -74,6 +75,7 @@ case "$PART" in
       --budget-s "${STUDY_S:-180}" \
       --study "recipes/study_small.yaml model.residual=standard train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
       --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
+      --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=4e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
       "${ARGS[@]}" > "$OUT/study.log" 2>&1
     tail -25 "$OUT/study.log"
     tar czf "$OUT/study.tgz" -C "$W" study 2>/dev/null
