@@ -135,3 +135,21 @@ def test_peers_beside_ours(tmp_path):
         "| TPOT 1.800 ms, GEMV untuned | 0.750 |"
     )
     assert len([x for x in lines if x.startswith("| ")]) == 5  # header + 3 rows: the timed-out part is not a row
+
+
+def test_the_readme_quotes_the_h200_training_rows_as_committed():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rows = read_rows(root / "docs/results/gpu/h200_2026-11-28.jsonl")
+    plain = [r for r in rows if r["kind"] == "train" and not r.get("variant") and not r.get("error")]
+    recipe = [r for r in plain if r["micro_batch"] == 8]
+    assert sorted(r["layout"] for r in recipe) == ["ladder", "parallel", "standard"]
+    mfu = sorted(100 * r["mfu_median"] for r in recipe)
+    tokens = sorted(r["tokens_per_s_median"] / 1000 for r in recipe)
+    plan = max(abs(100 * r["plan_rel_error"]) for r in plain)  # micro-batches 2 and 8, the removed settings' rows not
+    quoted = (
+        f"trained at {mfu[0]:.1f}-{mfu[-1]:.1f} % MFU ({tokens[0]:.1f}k-{tokens[-1]:.1f}k tokens/s, medians) at their"
+        f" recipes' micro-batch 8, the memory plan within {plan:.1f} % of every peak (2026-11-28, one run per row"
+    )
+    assert quoted in " ".join((root / "README.md").read_text().split())
