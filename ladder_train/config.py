@@ -74,7 +74,7 @@ class WeightedSource:
 class DataConfig:
     # a hub dataset name, a local parquet/jsonl file or folder (train-*/validation-* names pick the split),
     # python-stdlib (the running Python's .py files: offline smoke runs), or a token folder (ladder-data prepare:
-    # read by memory map in a global order independent of the world size); null when data.sources is set
+    # read with pread in a global order independent of the world size); null when data.sources is set
     source: str | None = "HuggingFaceFW/fineweb-edu"
     # a mixture of token folders instead of data.source: [{path: DIR, weight: 0.7}, ...], sampled to those shares
     # in every global batch (data/mixture.py); data.source is then unset (null)
