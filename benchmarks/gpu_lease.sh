@@ -11,7 +11,7 @@
 #                                                 # 2 profiled), whole-1.2B decode with GEMV tuning on and off
 #   OUT=DIR bash benchmarks/gpu_lease.sh study    # the small study's seeds in bf16, 8 at once, as many as start
 #                                                 # within STUDY_S (~5 min with the defaults): standard at 8e-3, the
-#                                                 # ladder at 8e-3 and at its own sweep-best 4e-3, seed by seed
+#                                                 # ladder at 8e-3 and at 4e-3, seed by seed
 # check and levers have not been timed whole; their parts' wall times are in docs/results/gpu/h200_2026-11-28.jsonl
 # (a 1.2B training run 26-46 s, a variant's 72-91 s, the profiled run 36 s, whole-1.2B decode 107 s, each one run);
 # each call takes timeout_s 590.
