@@ -295,7 +295,7 @@ def measured_rows() -> list[dict]:
     return [json.loads(line) for line in MEASURED.read_text().splitlines() if line.strip()]
 
 
-def h200_training_rows() -> list[dict]:
+def h200_training_rows() -> list[tuple[dict, str, list[str]]]:
     """The H200's training rows that ran to their end with no variant: (row, recipe, overrides of its command)."""
     rows = []
     for line in H200_ROWS.read_text().splitlines():
