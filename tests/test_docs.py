@@ -181,17 +181,18 @@ def test_the_ladders_rate_table_pairs_each_seed_with_standard_and_averages_the_d
     assert "2 pair(s) by seed: no interval before three." in table
 
 
-def fabricate_ladder_rate(root, gaps_8e3, gaps_4e3, wiki_gaps_4e3=None):
+def fabricate_ladder_rate(root, gaps_8e3, gaps_4e3, wiki_gaps_4e3=None, wiki_gaps_8e3=None):
     """Seeds 0.. of standard and the ladder at 8e-3 and of the ladder at 4e-3 (seed 0 in the horizon folder), the
-    ladder's final validation loss standard's + its gap; with ``wiki_gaps_4e3`` WikiText-2 bits/byte too (the
-    ladder's 8e-3 runs then score as standard's)."""
+    ladder's final validation loss standard's + its gap; with ``wiki_gaps_4e3`` WikiText-2 bits/byte too, the
+    ladder's at 8e-3 standard's + ``wiki_gaps_8e3`` (0 when not given)."""
     from fabricate import fabricate_run
 
     for folder in (STUDY_SEEDS, STUDY_HORIZON, STUDY_LADDER_4E3):
         (root / folder).mkdir(parents=True)
     for seed, (gap_8e3, gap_4e3) in enumerate(zip(gaps_8e3, gaps_4e3, strict=True)):
-        wiki = {} if wiki_gaps_4e3 is None else {"wikitext2_local": {"bits_per_byte": 1.0 + seed}}
         for layout, base in (("standard", 2.0 + seed), ("ladder", 2.0 + seed + gap_8e3)):
+            wiki_gap = wiki_gaps_8e3[seed] if wiki_gaps_8e3 and layout == "ladder" else 0.0
+            wiki = {} if wiki_gaps_4e3 is None else {"wikitext2_local": {"bits_per_byte": 1.0 + seed + wiki_gap}}
             overrides = ["train.optimizer.lr=8e-3", f"run.seed={seed}"]
             fabricate_run(root / STUDY_SEEDS, f"{layout}_s{seed}", layout, base, overrides, summary=wiki)
         if wiki_gaps_4e3 is not None:
@@ -218,7 +219,9 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
 def test_the_ladders_rate_table_adjusts_its_p_over_the_protocols_family_and_gives_wikitext_beside_it(tmp_path):
     from tools.docs_tables import make_table
 
-    fabricate_ladder_rate(tmp_path, (0.02, 0.04, 0.09), (0.05, 0.06, 0.07), wiki_gaps_4e3=(0.1, 0.3, 0.2))
+    fabricate_ladder_rate(
+        tmp_path, (0.02, 0.04, 0.09), (0.05, 0.06, 0.07), wiki_gaps_4e3=(0.1, 0.3, 0.2), wiki_gaps_8e3=(0.0, 0.1, 0.2)
+    )
     table = make_table("study-ladder-rate", tmp_path)
     lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
     rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
@@ -231,8 +234,9 @@ def test_the_ladders_rate_table_adjusts_its_p_over_the_protocols_family_and_give
     # times two, 0.0183
     assert rows["Holm p (2 comparisons)"] == ["", "0.018", ""]
     # WikiText-2 gaps 0.1, 0.3, 0.2: mean 0.2, sd 0.1, half-width 4.3027 x 0.1 / sqrt 3 = 0.2484, t = 3.4641 -> p 0.0742
-    assert "WikiText-2 (bits per byte), ladder 4e-3 − standard 8e-3 over the same 3 pairs: +0.2000 " in table
-    assert "[-0.0484, +0.4484], p = 0.074." in table
+    assert "WikiText-2 (bits per byte) over the same 3 pairs: ladder 4e-3 − standard 8e-3 +0.2000 " in table
+    # the ladder's own rates: 0.1 − 0.0, 0.3 − 0.1, 0.2 − 0.2: mean 0.1, sd 0.1, t = 1.7321 -> p = 1 − t / sqrt 5 = 0.2254
+    assert "[-0.0484, +0.4484], p = 0.074; ladder 4e-3 − ladder 8e-3 +0.1000 [-0.1484, +0.3484], p = 0.225." in table
 
 
 def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_bracketed_best(tmp_path):
