@@ -138,7 +138,7 @@ def ladder_rate(root: Path, horizon: str, ladder_4e3: str, seeds: str) -> str:
 
 def _wikitext_beside(ladder: Group, baseline: Group, ladder_8e3: Group) -> str:
     """The protocol's second metric for ladder 4e-3 − standard 8e-3, paired by seed as the validation loss, and (a
-    description) for ladder 4e-3 − 8e-3: the rate moves WikiText-2 where it leaves the validation loss alone."""
+    description outside Holm's family) for ladder 4e-3 − 8e-3, the rate's own effect on that metric."""
     figures = []
     for versus, name in ((baseline, "standard 8e-3"), (ladder_8e3, "ladder 8e-3")):
         for row in compare_groups([ladder, versus], versus):
