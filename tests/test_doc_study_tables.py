@@ -95,7 +95,9 @@ def test_results_md_quotes_the_each_at_its_rate_comparison_as_the_committed_runs
 
     # the descriptions beside it: the 8e-3 gap over the same seeds and the ladder's two rates, on both metrics
     ladder_8e3 = losses[("ladder", 8)]
+    gap_4e3 = mean
     _, mean, half, _ = _paired(ladder_8e3, standard)
+    assert f"the ladder's gap where it was, {signed(gap_4e3)} at 4e-3 against {signed(mean)} at 8e-3)" in text
     assert f"p {wp:.3f}), {signed(mean)} [{signed(mean - half)}, {signed(mean + half)}] at 8e-3 and" in text
     _, mean, half, _ = _paired(at_4e3, ladder_8e3)
     rates = f"{signed(mean)} [{signed(mean - half)}, {signed(mean + half)}]"
