@@ -102,7 +102,12 @@ def test_results_md_quotes_the_each_at_its_rate_comparison_as_the_committed_runs
     _, mean, half, _ = _paired(at_4e3, ladder_8e3)
     rates = f"{signed(mean)} [{signed(mean - half)}, {signed(mean + half)}]"
     assert f"its two rates end alike (4e-3 − 8e-3: {rates})" in text
-    assert f"a 4e-3 − 8e-3 difference of {rates}: the rate moves" in text
+    assert f"a 4e-3 − 8e-3 difference of {rates}: on average the rate" in text
+    widest = max(abs(at_4e3[seed] - ladder_8e3[seed]) for seed in at_4e3)
+    assert f"seed by seed the two rates differ by up to {widest:.3f}, either way" in text
+    assert (
+        min(at_4e3[s] - ladder_8e3[s] for s in at_4e3) < -0.05 < 0.05 < max(at_4e3[s] - ladder_8e3[s] for s in at_4e3)
+    )
     _, mean, half, _ = _paired(wiki_4e3, wiki[("ladder", 8)])
     assert (
         mean > 0

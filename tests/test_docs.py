@@ -234,9 +234,12 @@ def test_the_ladders_rate_table_adjusts_its_p_over_the_protocols_family_and_give
     # times two, 0.0183
     assert rows["Holm p (2 comparisons)"] == ["", "0.018", ""]
     # WikiText-2 gaps 0.1, 0.3, 0.2: mean 0.2, sd 0.1, half-width 4.3027 x 0.1 / sqrt 3 = 0.2484, t = 3.4641 -> p 0.0742
-    assert "WikiText-2 (bits per byte) over the same 3 pairs: ladder 4e-3 − standard 8e-3 +0.2000 " in table
+    assert "WikiText-2 (bits per byte), paired by seed: ladder 4e-3 − standard 8e-3 +0.2000 " in table
     # the ladder's own rates: 0.1 − 0.0, 0.3 − 0.1, 0.2 − 0.2: mean 0.1, sd 0.1, t = 1.7321 -> p = 1 − t / sqrt 5 = 0.2254
-    assert "[-0.0484, +0.4484], p = 0.074; ladder 4e-3 − ladder 8e-3 +0.1000 [-0.1484, +0.3484], p = 0.225." in table
+    assert (
+        "[-0.0484, +0.4484], p = 0.074 (3 pairs); ladder 4e-3 − ladder 8e-3 +0.1000 [-0.1484, +0.3484], p = 0.225 "
+        "(3 pairs)." in table
+    )
 
 
 def test_the_learning_rate_table_gives_each_desync_arm_its_row_and_bolds_only_a_bracketed_best(tmp_path):

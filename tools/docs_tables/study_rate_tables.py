@@ -138,13 +138,14 @@ def ladder_rate(root: Path, horizon: str, ladder_4e3: str, seeds: str) -> str:
 
 def _wikitext_beside(ladder: Group, baseline: Group, ladder_8e3: Group) -> str:
     """The protocol's second metric for ladder 4e-3 − standard 8e-3, paired by seed as the validation loss, and (a
-    description outside Holm's family) for ladder 4e-3 − 8e-3, the rate's own effect on that metric."""
-    figures = []
+    description outside Holm's family) for ladder 4e-3 − 8e-3, the rate's own effect on that metric; each with its
+    own count of pairs (a run without the metric drops out of its pairs)."""
+    figures, unit = [], ""
     for versus, name in ((baseline, "standard 8e-3"), (ladder_8e3, "ladder 8e-3")):
         for row in compare_groups([ladder, versus], versus):
             if row.group is ladder and row.metric.name.startswith("wikitext") and row.difference is not None:
                 gap, unit = row.difference, row.metric.name.split(" ", 1)[1].replace("_", " ")
-                figures.append(f"ladder 4e-3 − {name} {gap.mean:+.4f} {interval(gap)}, p = {gap.p_value:.3f}")
-    if not figures:
-        return ""
-    return f" WikiText-2 ({unit}) over the same {gap.n} pairs: " + "; ".join(figures) + "."
+                figures.append(
+                    f"ladder 4e-3 − {name} {gap.mean:+.4f} {interval(gap)}, p = {gap.p_value:.3f} ({gap.n} pairs)"
+                )
+    return f" WikiText-2 ({unit}), paired by seed: " + "; ".join(figures) + "." if figures else ""
