@@ -17,7 +17,7 @@ from test_train import GLOBAL, SEQ, VOCAB, tiny_config
 
 from ladder_train.config import ConfigError, load_config
 from ladder_train.train.optim import apply_schedule, build_optimizer, build_scheduler, lr_factor, wsd_factor
-from ladder_train.train.step import (
+from ladder_train.train.stability import (
     MIN_RELATIVE_STD,
     LossSpikeStop,
     NonFiniteLossError,

@@ -18,7 +18,7 @@ from ..model import ModelArgs
 from ..parallel import RankEnv
 from .chat_steps import EmptyBatches
 from .optim import apply_schedule
-from .step import StabilityGuard
+from .stability import StabilityGuard
 
 
 @dataclass

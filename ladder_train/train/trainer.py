@@ -44,7 +44,8 @@ from .memory_plan import unsharded_fits
 from .observability import MetricLogger, StepProfiler, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
 from .run_state import RunState
-from .step import SKIP_FILE, StabilityGuard, StepOutcome, accumulate_gradients, clip_and_reduce
+from .stability import SKIP_FILE, StabilityGuard
+from .step import StepOutcome, accumulate_gradients, clip_and_reduce
 
 LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
 SUMMARY = "summary.json"
