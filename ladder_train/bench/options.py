@@ -3,6 +3,7 @@ the check of all of it before any process starts (``measurements``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from ..errors import InputError
 from ..loading import resolve_source
 from ..model import PAPER_LAYOUTS
+from ..model.shape_checks import check_model_fields
 from ..model.tp_sharding import check_tp_degree
 from ..option_errors import OptionError, check_desync_tp, check_layouts, layout_fields, layout_name
 
@@ -94,11 +96,11 @@ def _checked_args(source: str, overrides: dict, tp: int):
     try:
         found = resolve_source(source, **overrides)
         args, kind = found.args, found.kind
+        if kind == "preset":  # --set's values (desync fields too), checked as a folder's are (model/shape_checks.py)
+            args = check_model_fields(dataclasses.asdict(args), source)
         check_tp_degree(args, tp, source)
     except ValueError as err:  # e.g. an unreadable config.json; a damaged checkpoint stays a RunFailed
         raise InputError(str(err)) from None
-    for message in args.desync_field_problems(str) if kind == "preset" else ():  # a folder's are checked as it is read
-        raise InputError(f"{source}: {message}")
     return args
 
 
