@@ -12,6 +12,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -410,3 +411,33 @@ def test_cli_reads_a_training_checkpoint_directly_with_the_numbers_of_its_export
     exported = json.loads((tmp_path / "exported.json").read_text())
     assert direct["summary"] == exported["summary"] and direct["model"] == exported["model"]
     assert not any(tmp_path.glob("run/checkpoints/step-3/eval"))
+
+
+def test_bad_held_out_data_is_one_line_naming_it_before_the_model_is_opened(tokenizer, tmp_path, capsys, monkeypatch):
+    """An empty file, random bytes named .jsonl, a random .parquet, a bad line past the first: one line each naming
+    the file (and line), exit 2. The model folder does not exist: the data is checked before it is opened."""
+    from cli_errors import assert_bad_input
+
+    from ladder_train.evaluation import held_out_batches
+
+    noise = np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "noise.jsonl").write_bytes(noise)
+    (tmp_path / "noise.parquet").write_bytes(noise)
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    nowhere = str(tmp_path / "no-model")
+    cases = {
+        "empty.jsonl": "empty file",
+        "noise.jsonl": "not UTF-8",
+        "noise.parquet": "not a parquet file",
+        "blank.jsonl": "empty file (no records)",
+    }
+    for name, why in cases.items():
+        assert_bad_input("ladder-eval", [nowhere, "--val-data", str(tmp_path / name)], (name, why), capsys, monkeypatch)
+    # a bad record deep in the file, and data too short for one batch: found while reading, still one line
+    (tmp_path / "cut.jsonl").write_text(json.dumps({"text": TEXT}) + "\n" + '{"text": "cut\n')
+    with pytest.raises(EvalError, match=r"cut\.jsonl: line 2 is not JSON"):
+        list(held_out_batches(tmp_path / "cut.jsonl", tokenizer, seq_len=4, batch_size=2))
+    (tmp_path / "short.jsonl").write_text(json.dumps({"text": "two words"}) + "\n")
+    with pytest.raises(EvalError, match=r"short\.jsonl: too short for one batch of 2 windows of 33 tokens"):
+        list(held_out_batches(tmp_path / "short.jsonl", tokenizer, seq_len=32, batch_size=2))

@@ -64,17 +64,17 @@ def _device(name: str | None):
 def run(argv: list[str]) -> int:
 
     from ..evaluation.harness import evaluate
-    from ..evaluation.perplexity import held_out_batches, perplexity, validation_loss
+    from ..evaluation.perplexity import held_out_batches, held_out_files, perplexity, validation_loss
     from ..evaluation.saved_model import open_saved_model
 
     args = _parser().parse_args(argv)
+    if args.val_data:
+        held_out_files(args.val_data)  # bad held-out data is one line before the model is opened
     saved = open_saved_model(args.model_dir, args.tokenizer)
     if args.tasks is not None:
         tasks = [t for t in args.tasks.split(",") if t.strip()]
     else:
         tasks = [] if args.val_data else list(PAPER_TASKS)
-    if args.val_data and not Path(args.val_data).exists():
-        raise EvalError(f"--val-data {args.val_data} does not exist")
     device = _device(args.device)
     model = saved.load(device)
     out = Path(args.out) if args.out else saved.default_results_path()
