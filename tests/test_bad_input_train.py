@@ -100,15 +100,16 @@ def test_a_checkpoint_write_that_fills_the_disk_says_so_and_names_what_survives(
     with pytest.raises(CheckpointError) as refused:
         checkpointer.save(2, model, optimizer, {"step": 2}, {})
     assert str(refused.value) == (
-        f"writing {tmp_path / 'checkpoints' / 'step-2.partial'} failed (RuntimeError: unexpected pos 704 vs 598): 3 MiB free on its "
-        f"file system; free space, then rerun to resume from {kept}"
+        f"writing {tmp_path / 'checkpoints' / 'step-2.partial'} failed (RuntimeError: unexpected pos 704 vs 598), the "
+        f"partial checkpoint is removed: 3 MiB free on its file system; free space, then rerun to resume from {kept}"
     )
+    assert not (tmp_path / "checkpoints" / "step-2.partial").exists()
     # with space to spare the failure is not about the disk: it keeps its own type and traceback
     monkeypatch.setattr(checkpointer_module.shutil, "disk_usage", lambda path: _Usage(free=50 * 2**30))
     with pytest.raises(RuntimeError, match="unexpected pos"):
         checkpointer.save(2, model, optimizer, {"step": 2}, {})
     monkeypatch.setattr(checkpointer_module.dcp, "save", _raise(OSError(errno.ENOSPC, "No space left on device")))
-    with pytest.raises(CheckpointError, match=r"failed \(OSError: \[Errno 28\] No space left on device\)"):
+    with pytest.raises(CheckpointError, match=r"failed \(OSError: \[Errno 28\] No space left on device \(ENOSPC\)\)"):
         checkpointer.save(2, model, optimizer, {"step": 2}, {})
 
 

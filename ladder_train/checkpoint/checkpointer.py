@@ -24,6 +24,7 @@ from typing import Protocol
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -63,6 +64,25 @@ def _barrier() -> None:
 
 
 LOW_SPACE_BYTES = 64 * 2**20  # a write that failed with less free than this is reported as a full disk
+# what a write that ran out of room raises: no space, the quota used up, a file over the size limit
+OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _out_of_room(err: BaseException) -> OSError | None:
+    """The OSError of ``OUT_OF_ROOM`` behind ``err``: itself, its cause or context, or a rank's failure inside DCP's
+    ``CheckpointException`` (rank: (exception, traceback))."""
+    seen, todo = set(), [err]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in OUT_OF_ROOM:
+            return current
+        if isinstance(current, CheckpointException):
+            todo.extend(failure[0] if isinstance(failure, tuple) else failure for failure in current.failures.values())
+        todo.extend((current.__cause__, current.__context__))
+    return None
 
 
 def _free_bytes(path: Path) -> int | None:
@@ -149,20 +169,40 @@ class Checkpointer:
 
     @contextlib.contextmanager
     def _write_failures(self, partial: Path):
-        """A write that fails on a full disk surfaces from DCP as anything from ``OSError(ENOSPC)`` to a torch
-        serialization error ("unexpected pos ..."); say what it was and what survives."""
+        """A write that fails on a full disk or on a file-size limit surfaces from DCP as anything from
+        ``OSError(ENOSPC/EFBIG)`` wrapped in its ``CheckpointException`` (a BaseException) to a torch serialization
+        error ("unexpected pos ..."): the cut ``partial`` is removed and one line says what it was and what survives
+        (``CheckpointError``, exit 1; the other ranks' copy is quiet). Any other failure keeps its traceback."""
         try:
             yield
-        except Exception as err:
+        except (Exception, CheckpointException) as err:
             free = _free_bytes(partial)
-            full = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
-            if not full and (free is None or free >= LOW_SPACE_BYTES):
+            cause = _out_of_room(err)
+            if cause is None and (free is None or free >= LOW_SPACE_BYTES):
                 raise
-            complete = complete_checkpoints(self.folder)
-            raise CheckpointError(
-                f"writing {partial} failed ({first_line(err)}): {_megabytes(free)} free on its file system; free "
-                f"space, then rerun to resume from {complete[-1] if complete else 'the start (no complete checkpoint)'}"
-            ) from None
+            if is_main_process():  # DCP's failure reached every rank: no rank still writes into it
+                remove_written_tree(partial)
+            refusal = CheckpointError(self._no_room_line(partial, cause or err, free))
+            refusal.quiet = not is_main_process()
+            raise refusal from None
+
+    def _no_room_line(self, partial: Path, err: BaseException, free: int | None) -> str:
+        complete = complete_checkpoints(self.folder)
+        resume = complete[-1] if complete else "the start (no complete checkpoint)"
+        what = first_line(err)
+        if isinstance(err, OSError) and err.errno in errno.errorcode:
+            what += f" ({errno.errorcode[err.errno]})"
+        if isinstance(err, OSError) and err.errno == errno.EFBIG:
+            todo = (
+                "a file outgrew the file-size limit (ulimit -f) or the file system's largest file: raise the limit "
+                "or choose another folder"
+            )
+        else:
+            todo = f"{_megabytes(free)} free on its file system; free space"
+        return (
+            f"writing {partial} failed ({what}), the partial checkpoint is removed: {todo}, then rerun to resume from "
+            f"{resume}"
+        )
 
     def finish(self) -> None:
         """Wait for a background save and complete it."""
@@ -184,7 +224,8 @@ class Checkpointer:
 
     def _complete(self, partial: Path, step: int) -> None:
         _barrier()  # every rank's shards are on disk
-        together(lambda: self._publish(partial, step))  # rank 0's failure there ends every rank with its line
+        with self._write_failures(partial):  # the manifest and marker can find the disk full too
+            together(lambda: self._publish(partial, step))  # rank 0's failure there ends every rank with its line
 
     def _publish(self, partial: Path, step: int) -> None:
         """The manifest (every rank hashes a share), then rank 0 alone: the marker, the rename, the old ones gone."""
