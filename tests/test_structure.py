@@ -324,7 +324,75 @@ def test_design_doc_lists_the_files_a_training_step_runs_through(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     traced = set(json.loads(done.stdout.strip().splitlines()[-1]))
-    assert _documented_files("One training step, file by file") == traced
+    assert _documented_files("Start-up and the first training step, file by file") == traced
+
+
+STEADY_STEP = "The steady training step, in reading order"
+
+
+def _steady_step_figures() -> dict[str, dict[str, int]]:
+    """The measured and budget figures of docs/design.md's steady-step section: ``measured: F files, N functions,
+    L body lines`` and ``budget: ...``."""
+    import re
+
+    section = (REPO / "docs" / "design.md").read_text().split(f"## {STEADY_STEP}\n", 1)[1].split("\n## ", 1)[0]
+    figures = {}
+    for kind in ("measured", "budget"):
+        found = re.search(rf"{kind}: (\d+) files,\s+(\d+) functions,\s+(\d+) body lines", section)
+        assert found, f"docs/design.md's '{STEADY_STEP}' section has no '{kind}: F files, N functions, L body lines'"
+        figures[kind] = dict(zip(("files", "functions", "lines"), map(int, found.groups()), strict=True))
+    return figures, section
+
+
+def test_the_body_line_count_leaves_out_docstrings_and_inner_functions(tmp_path, monkeypatch):
+    import trace_files
+
+    source = (
+        "@decorated\n"
+        "def outer():\n"
+        '    """Doc."""\n'
+        "    a = 1\n"
+        "    def inner():\n"
+        "        return a\n"
+        "    return inner\n"
+        "def only_doc():\n"
+        '    """Doc."""\n'
+    )
+    (tmp_path / "mod.py").write_text(source)
+    monkeypatch.setattr(trace_files, "PACKAGE", tmp_path)
+    trace_files._own_body_lines.cache_clear()
+    try:
+        assert trace_files._own_body_lines("mod.py") == {1: 2, 5: 1, 8: 1}
+        read = trace_files.reading({("mod.py", 1, "outer"), ("mod.py", 5, "outer.<locals>.inner")})
+        assert read == {"files": ["mod.py"], "functions": ["mod.py:outer", "mod.py:outer.<locals>.inner"], "lines": 3}
+    finally:
+        trace_files._own_body_lines.cache_clear()
+
+
+@pytest.mark.slow
+def test_the_steady_training_step_reads_within_its_budget(tmp_path):
+    """The second turn of the training loop on two gloo ranks under FSDP, from a token folder, in bf16: its files,
+    functions and body lines as docs/design.md states them, within its budget, and the reading order's functions
+    among them."""
+    from dist_utils import run_ranks
+    from test_data_token_files import random_texts, write_source
+    from trace_files import steady_step_reading
+
+    from ladder_train.data.tokenize_files import prepare
+
+    prepare(str(write_source(tmp_path / "src", random_texts(200, 0), 1)), tmp_path / "tokens", "byte", workers=1)
+    read = run_ranks(steady_step_reading, 2, str(tmp_path / "run"), str(tmp_path / "tokens"))[0]
+    figures, section = _steady_step_figures()
+    traced = {"files": len(read["files"]), "functions": len(read["functions"]), "lines": read["lines"]}
+    assert traced["files"] == figures["measured"]["files"], read["files"]
+    assert traced["functions"] == figures["measured"]["functions"], read["functions"]
+    assert abs(traced["lines"] - figures["measured"]["lines"]) <= 0.1 * figures["measured"]["lines"], traced
+    assert all(traced[kind] <= figures["budget"][kind] for kind in traced), (traced, figures["budget"])
+    assert set(_documented_files(STEADY_STEP)) == set(read["files"])
+    for function in ("Trainer.train_step", "accumulate_gradients", "Transformer.forward", "Block.forward"):
+        assert f"`{function}`" in section and any(name.endswith(f":{function}") for name in read["functions"])
+    for function in ("clip_and_reduce", "StabilityGuard.judge"):
+        assert f"`{function}`" in section and any(name.endswith(f":{function}") for name in read["functions"])
 
 
 @pytest.mark.slow
