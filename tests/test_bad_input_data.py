@@ -362,3 +362,31 @@ def test_a_300_character_folder_name_is_one_line(tmp_path, capsys, monkeypatch):
     assert_bad_input("ladder-data", prepare_argv(source, long / "out"), "File name too long", capsys, monkeypatch)
     assert_bad_input("ladder-data", ["info", str(long)], "File name too long", capsys, monkeypatch)
     assert_bad_input("ladder-data", prepare_argv(long, tmp_path / "out"), "File name too long", capsys, monkeypatch)
+
+
+def test_a_null_or_missing_text_is_one_line_naming_key_and_record_in_prepare_and_training(
+    tmp_path, capsys, monkeypatch
+):
+    """A record without the text key, or with it null, in jsonl or parquet: ladder-data prepare says what the
+    trainer says (one check, packing.check_documents), naming the file, the record and the key."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = json.dumps({"text": "hello there"}) + "\n"
+    (tmp_path / "null.jsonl").write_text(good * 2 + '{"text": null}\n' + good)
+    (tmp_path / "nokey.jsonl").write_text(good + '{"body": "words"}\n')
+    pq.write_table(pa.table({"text": ["a b", "c", None, "d"]}), tmp_path / "null.parquet")
+    cases = {
+        "null.jsonl": "null.jsonl: line 3: 'text' is null, not text (data.text_column)",
+        "nokey.jsonl": "nokey.jsonl: line 2 has no 'text' key (data.text_column)",
+        "null.parquet": "null.parquet: row 2 (counting from 0): 'text' is null, not text (data.text_column)",
+    }
+    for name, line in cases.items():
+        source = tmp_path / name
+        argv = ["prepare", str(source), str(tmp_path / f"out-{name}"), "--tokenizer", "byte"]
+        status, _, err = run_cli("ladder-data", argv, capsys, monkeypatch)  # found while working: after the bar
+        assert status == 2 and err.strip().splitlines()[-1] == f"ladder-data: error: {tmp_path}/{line}", err
+        cfg = DataConfig(source=str(source), tokenizer="byte", seq_len=4)
+        with pytest.raises(DataError) as caught:
+            list(build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0, cycle=False))
+        assert str(caught.value) == f"{tmp_path}/{line}"

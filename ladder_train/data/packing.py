@@ -67,6 +67,19 @@ def document_groups(stream: Iterator[dict], column: str) -> Iterator[list]:
         yield group
 
 
+def check_documents(texts: list, column: str, where: str, describe: Callable[[Exception], str] | None = None) -> None:
+    """Refuse a group of documents holding one that is neither text nor token ids: null, which is also what a record
+    without ``column`` gives, or another type (a number). ``describe`` turns the reason into the line naming the
+    file and record (sources.read_error_message); without it, or when it finds none, the line names ``where``. The
+    trainer's packing and ladder-data prepare both ask this."""
+    odd = next((text for text in texts if not isinstance(text, (str, list))), texts)
+    if odd is texts:
+        return
+    kind = "null (or missing)" if odd is None else f"a {type(odd).__name__}"
+    err = TypeError(f"a document's '{column}' is {kind}, not text or token ids")
+    raise DataError(describe(err) if describe else f"{where}: {err}")
+
+
 def document_ids(texts: list, tokenizer: Tokenizer, vocab_size: int, where: str) -> list[list[int]]:
     """Each document's token ids: texts are tokenized; lists of token ids (a pre-tokenized column) are taken as they
     are, once every id is found inside the vocabulary (an id past it would index past the embedding table)."""
@@ -158,12 +171,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
 
     def _tokenize(self, texts: list[str]) -> np.ndarray:
         """The documents' ids, each followed by <|endoftext|>, as one int32 array."""
-        if any(text is None for text in texts):
-            raise DataError(f"{self.source_name}: a document has no '{self.text_column}' value (null)")
-        if not all(isinstance(text, (str, list)) for text in texts):  # a number where the text should be
-            odd = next(text for text in texts if not isinstance(text, (str, list)))
-            err = TypeError(f"'{self.text_column}' holds a {type(odd).__name__}, not text")
-            raise DataError(self.describe_read_error(err) if self.describe_read_error else f"{self.source_name}: {err}")
+        check_documents(texts, self.text_column, self.source_name, self.describe_read_error)
         ids = document_ids(texts, self.tokenizer, self.vocab_size, self.source_name)
         for doc in ids:
             doc.append(self.eos_id)

@@ -142,6 +142,9 @@ def first_bad_record(files: list[Path], text_column: str) -> str | None:
     ``text_column``; None if there is none. Only the first record is checked before a run (the files can be
     large), so this runs when reading fails later."""
     for path in files:
+        if FORMATS.get(path.suffix) == "parquet":  # its column's type is checked before reading: only a null is bad
+            if bad := _first_null_row(path, text_column):
+                return bad
         if FORMATS.get(path.suffix) != "json":
             continue
         for number, record in _json_lines(path):
@@ -150,8 +153,20 @@ def first_bad_record(files: list[Path], text_column: str) -> str | None:
             if not isinstance(record, dict) or text_column not in record:
                 return f"{path}: line {number} has no '{text_column}' key (data.text_column)"
             if not isinstance(record[text_column], (str, list)):
-                kind = type(record[text_column]).__name__
-                return f"{path}: line {number}: '{text_column}' is a {kind}, not text (data.text_column)"
+                kind = "null" if record[text_column] is None else f"a {type(record[text_column]).__name__}"
+                return f"{path}: line {number}: '{text_column}' is {kind}, not text (data.text_column)"
+    return None
+
+
+def _first_null_row(path: Path, text_column: str) -> str | None:
+    """'path: row N ...' for the first row of a parquet file whose ``text_column`` is null; None if there is none."""
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(columns=[text_column], batch_size=1 << 16):
+        column = batch.column(0)
+        if column.null_count:
+            first = row + int(column.is_null().to_numpy(zero_copy_only=False).argmax())
+            return f"{path}: row {first} (counting from 0): '{text_column}' is null, not text (data.text_column)"
+        row += len(column)
     return None
 
 

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from ..errors import DataError
 from ..folders import open_to_write, remove_written, replace_written
 from .out_folder import PARTS, check_contents, check_out_dir, locked, remove_parts
-from .packing import document_groups, document_ids
+from .packing import check_documents, document_groups, document_ids
 from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message
 from .token_files import (
     DTYPES,
@@ -63,11 +63,12 @@ def _documents(shard, column: str, source: str, split: str) -> Iterator[list]:
         raise DataError(read_error_message(source, split, column, err)) from None
 
 
-def _ids(texts: list, tokenizer: Tokenizer, separator: int, vocab_size: int, source: str) -> list[list[int]]:
-    """Each document's ids followed by the separator; a column of token id lists is taken as it is."""
-    if any(not isinstance(text, (str, list)) for text in texts):
-        odd = next(text for text in texts if not isinstance(text, (str, list)))
-        raise DataError(f"{source}: a document is a {type(odd).__name__}, not text or token ids")
+def _ids(texts: list, tokenizer: Tokenizer, separator: int, vocab_size: int, where: tuple) -> list[list[int]]:
+    """Each document's ids followed by the separator; a column of token id lists is taken as it is. A document that
+    is neither is the trainer's one line (packing.check_documents), naming its file and record; ``where`` is the
+    (source, split, column) read."""
+    source, split, column = where
+    check_documents(texts, column, source, functools.partial(read_error_message, source, split, column))
     ids = document_ids(texts, tokenizer, vocab_size, source)
     for doc in ids:
         doc.append(separator)
@@ -86,7 +87,7 @@ def _tokenize_shard(task: tuple) -> tuple[int, int, int]:
         open_to_write(parts / f"{index:06d}.lengths", "wb") as lengths,
     ):
         for texts in _documents(shard, column, source, split):
-            ids = _ids(texts, tokenizer, separator, vocab_size, source)
+            ids = _ids(texts, tokenizer, separator, vocab_size, (source, split, column))
             flat = np.fromiter(chain.from_iterable(ids), dtype=DTYPES[dtype], count=sum(map(len, ids)))
             tokens.write(flat.tobytes())
             lengths.write(np.asarray([len(doc) for doc in ids], dtype=OFFSET_DTYPE).tobytes())
