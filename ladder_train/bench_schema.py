@@ -76,9 +76,40 @@ def shape_name(args) -> str:
     return f"L{args.n_layers}-d{args.dim}-h{args.n_heads}-f{args.ffn_dim}-v{args.vocab_size}"
 
 
+# the figures a ladder-bench row's readers compute with (and its ``none``'s), each a positive number where the row has
+# it (null: not measured); the counts, each a positive integer; the names, each a string
+TIMES = ("prefill_ms", "decode_ms_per_token", "tokens_per_s")
+COUNTS = ("batch", "prompt_len", "gen_len", "tp", "runs")
+NAMES = ("model", "layout", "device")
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a number JSON allows")
+
+
+def check_figures(row: dict, where: str, times=(), counts=(), names=(), prefix: str = "") -> None:
+    """Each of ``times`` in ``row`` a finite positive number, each of ``counts`` a positive integer, each of ``names``
+    a string, where the row has it (null: not measured); else an InputError of one line ``where: key=value: ...``."""
+    for key in (*times, *counts, *names):
+        value = row.get(key)
+        if value is None:
+            continue
+        if key in names:
+            ok, rule = isinstance(value, str), "a string"
+        elif key in counts:
+            ok, rule = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
+        else:  # NaN and infinities never reach here: the reader refuses them as it parses
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            rule = "a positive number"
+        if not ok:
+            raise InputError(f"{where}: {prefix}{key}={value!r:.60}: must be {rule}")
+
+
 def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
-    """The ladder-bench rows of a JSON lines file, each with ``WHERE`` (``FILE:LINE``) for messages. A missing
-    file, a line that is not JSON or a row without one of the keys ``need`` is an InputError of one line."""
+    """The rows of a JSON lines file of ladder-bench's (or benchmarks/gpu_check.py's) rows, each with ``WHERE``
+    (``FILE:LINE``) for messages. A missing file, a line that is not a JSON object (NaN and infinities are not JSON),
+    a row without one of the keys ``need``, or a ladder-bench row (one without ``kind``) whose figure is not a positive
+    number (``check_figures``) is an InputError of one line naming the file and the line."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"benchmark results {path}: no such file")
@@ -86,14 +117,23 @@ def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{number}"
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_constant=_not_json)
         except json.JSONDecodeError as err:
-            raise InputError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+            raise InputError(f"{where}: not a JSON line ({err.msg})") from None
+        except ValueError as err:
+            raise InputError(f"{where}: not a JSON line ({err})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{where}: not a JSON object (a {type(row).__name__}: {line.strip():.40})")
         missing = [key for key in need if key not in row]
         if missing:
-            raise InputError(f"{path}:{number}: missing key {missing[0]!r} (not a ladder-bench row?)")
-        row[WHERE] = f"{path}:{number}"
+            raise InputError(f"{where}: missing key {missing[0]!r} (not a ladder-bench row?)")
+        if "kind" not in row:  # a ladder-bench row; gpu_check's rows are checked by the kind that reads them
+            check_figures(row, where, TIMES, COUNTS, NAMES)
+            if isinstance(row.get("none"), dict):
+                check_figures(row["none"], where, TIMES, prefix="none.")
+        row[WHERE] = where
         rows.append(row)
     return rows
 

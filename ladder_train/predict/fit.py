@@ -188,11 +188,22 @@ def card_check(files_a: list, files_b: list, devices: dict[str, Device], free_se
     """For each set of free constants: fitted on card A's rows and checked on card B's, and the reverse
     (``cross_check``); beside them each card's rows predicted by its profile as shipped."""
     cards = [load_card(files_a, devices), load_card(files_b, devices)]
+    if cards[0].profile == cards[1].profile:  # its rows would stand as out of sample, keyed by one profile
+        raise InputError(
+            f"--check {', '.join(map(str, files_b))}: rows of {cards[1].profile}, the card the fit is made on: the "
+            "check is out of sample only on another card's rows"
+        )
     return {
         "what": "ladder-predict's free constants fitted on one card's decode rows and checked on the other's; "
         "measured = the rows' figures, every other figure PREDICTED",
         "cards": {
-            c.profile: {"files": list(c.files), "rows": len(c.rows), "points": c.points, "copy_eff": c.copy_eff}
+            c.profile: {
+                "files": list(c.files),
+                "rows": len(c.rows),
+                "points": c.points,
+                "copy_eff": c.copy_eff,
+                "profile_mem_eff": c.device.mem_eff,
+            }
             for c in cards
         },
         "shipped": [p for c in cards for p in _points(c, values_of(c.device), "shipped")],
@@ -205,9 +216,21 @@ HEADER += ["TPOT ms: measured → predicted", "error", "prefill ms: measured →
 SAMPLES = {"in": "in", "out": "out of sample", "shipped": "not fitted to rows"}
 
 
-def _free_label(free: list[str]) -> str:
+def _free_label(free: list[str], cards: dict) -> str:
+    """The free constants, and where each card's ``mem_eff`` comes from when it is not one of them: the card's copy
+    rate measured beside its rows (a ``ceilings`` row) over the datasheet bandwidth, else the profile's own value."""
     label = ", ".join(f"`{name}`" for name in free)
-    return label if "mem_eff" in free else f"{label} (`mem_eff`: the card's copy rate / datasheet)"
+    if "mem_eff" in free:
+        return label
+    if all(card["copy_eff"] is not None for card in cards.values()):
+        return f"{label} (`mem_eff`: the card's copy rate / datasheet)"
+    sources = [
+        f"{name}'s measured copy rate / datasheet"
+        if card["copy_eff"] is not None
+        else f"{name}'s profile value {card['profile_mem_eff']:g}, no copy rate measured"
+        for name, card in cards.items()
+    ]
+    return f"{label} (`mem_eff`: {'; '.join(sources)})"
 
 
 def _cells(point: dict) -> list[str]:
@@ -234,10 +257,10 @@ def table_rows(result: dict) -> list[list[str]]:
         rows = f"{card['rows']} row" + ("s" if card["rows"] != 1 else "")
         on = f"{fit_record['fitted_on']}: {rows}, {card['points']} points"
         if "error" in fit_record:
-            lines.append([_free_label(fit_record["free"]), on, f"not fitted: {fit_record['error']}"] + [""] * 8)
+            lines.append([_free_label(fit_record["free"], cards), on, f"not fitted: {fit_record['error']}"] + [""] * 8)
             continue
         for i, point in enumerate(fit_record["predictions"]):
-            lines.append([_free_label(fit_record["free"]), on] if i == 0 else ["", ""])
+            lines.append([_free_label(fit_record["free"], cards), on] if i == 0 else ["", ""])
             lines[-1] += _cells(point)
     return lines
 

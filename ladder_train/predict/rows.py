@@ -10,7 +10,7 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from ..bench_schema import WHERE, read_bench
+from ..bench_schema import WHERE, check_figures, read_bench
 from ..errors import InputError
 from ..gpu_cards import card_for
 from .hardware import Device
@@ -20,6 +20,8 @@ from .shapes import resolve_shape
 BENCH_KEYS = ("layout", "batch", "prompt_len", "gen_len", "decode_ms_per_token", "tp")
 # gpu_check's decode row (benchmarks/gpu_rows.py decode_row): what a prediction needs
 DECODE_KEYS = ("layout", "model", "n_layers", "batch", "prompt_len", "gen_len", "tpot_ms")
+# a decode row's figures (bench_schema.check_figures): its times, its counts
+DECODE_TIMES, DECODE_COUNTS = ("tpot_ms", "prefill_ms"), ("n_layers", "batch", "prompt_len", "gen_len", "tp")
 COPIED = ("layout", "batch", "prompt_len", "gen_len", "compiled", "prefill_ms", "device", "gemv_tuning", "dtype")
 
 
@@ -28,6 +30,7 @@ def from_decode_row(row: dict) -> dict:
     missing = [key for key in DECODE_KEYS if row.get(key) is None]
     if missing:
         raise InputError(f"{row[WHERE]}: decode row without {missing[0]!r} (not a gpu_check decode row?)")
+    check_figures(row, row[WHERE], DECODE_TIMES, DECODE_COUNTS, ("model", "layout", "device"))
     shape = resolve_shape(row["model"], overrides={"n_layers": row["n_layers"]})
     out = {key: row.get(key) for key in COPIED}
     out.update(model=row["model"], shape=shape.name, model_args=dataclasses.asdict(shape.args))
@@ -43,9 +46,9 @@ def read_rows(path: str | Path) -> tuple[list[dict], list[dict]]:
     for row in read_bench(path):
         kind = row.get("kind")
         if kind is None:  # ladder-bench
-            missing = [key for key in BENCH_KEYS if key not in row]
+            missing = [key for key in BENCH_KEYS if row.get(key) is None]
             if missing:
-                raise InputError(f"{row[WHERE]}: missing key {missing[0]!r} (not a ladder-bench row?)")
+                raise InputError(f"{row[WHERE]}: missing key {missing[0]!r} or null (not a ladder-bench row?)")
             if not isinstance(row.get("model_args"), dict):
                 raise InputError(
                     f"{row[WHERE]}: no model_args in the row: rerun ladder-bench with a version that records them"
@@ -54,6 +57,7 @@ def read_rows(path: str | Path) -> tuple[list[dict], list[dict]]:
         elif kind == "decode" and not row.get("error"):
             decode.append(from_decode_row(row))
         elif kind == "ceilings" and not row.get("error"):
+            check_figures(row, row[WHERE], ("copy_tb_s_median",))
             ceilings.append(row)
     return decode, ceilings
 
@@ -68,14 +72,20 @@ def decode_rows(path: str | Path) -> list[dict]:
 
 def profile_for(row: dict, devices: dict[str, Device]) -> str:
     """The profile that predicts ``row``: the first whose ``card`` is the row's card (gpu_cards.card_for its
-    ``device``); a row of no known card (ladder-bench on the CPU) is ``cpu``'s."""
-    card = card_for(str(row.get("device") or ""))
-    if card is None:
+    ``device``); a row measured on the CPU (ladder-bench's ``cpu (N cores)``, or no device named) is ``cpu``'s. A row
+    of a card no profile describes is an InputError naming the card and the profiles, never another card's figures."""
+    device = str(row.get("device") or "cpu")
+    card = card_for(device)
+    if card is None and device.casefold().startswith("cpu"):
         return "cpu"
-    for name, device in devices.items():
-        if device.card == card.name:
+    for name, profile in devices.items():
+        if card is not None and profile.card == card.name:
             return name
-    raise InputError(f"{row[WHERE]}: no profile has card {card.name} (the row's {row['device']}); give --gpu")
+    what = f"card {card.name} (the row's {device!r})" if card else f"the row's card {device!r}"
+    raise InputError(
+        f"{row[WHERE]}: no profile has {what} (the profiles: {', '.join(devices)}): give --profile FILE with one "
+        "that names it, or predict on another card's with --gpu NAME (--compare)"
+    )
 
 
 def copy_efficiency(ceilings: list[dict], device: Device) -> float | None:
