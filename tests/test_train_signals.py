@@ -336,3 +336,47 @@ def _in_session(sid: int) -> set[int]:
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass
     return found
+
+
+@pytest.mark.parametrize("ending", ["signal", "failure"])
+def test_a_run_stopped_before_its_last_step_gives_the_step_and_tokens_it_reached(tmp_path, capsys, monkeypatch, ending):
+    """summary.json of a stopped run (a study's point stopped by Ctrl-C, a run that failed) is still unfinished, and
+    says where the run got to, not the step 0 it was written with as the run started."""
+    import json
+    import signal
+
+    from cli_errors import run_cli
+
+    from ladder_train.errors import RunFailed
+    from ladder_train.train.trainer import Trainer
+
+    step = Trainer._step
+
+    def stopped_after_step_3(self, logger):
+        record = step(self, logger)
+        if self.step == 3 and ending == "signal":
+            os.kill(os.getpid(), signal.SIGTERM)  # the trainer saves and stops after the step under way
+        elif self.step == 3:
+            raise RunFailed("stopped on purpose after step 3")
+        return record
+
+    monkeypatch.setattr(Trainer, "_step", stopped_after_step_3)
+    run_dir = tmp_path / "run"
+    argv = ["--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "train.max_steps=50"]
+    status, _, err = run_cli("ladder-train", [*argv, "data.num_workers=0", "train.log_every=1"], capsys, monkeypatch)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if ending == "signal":
+        assert status == 75, err
+        reached = int(err.split("after step ")[1].split(";")[0])
+        assert reached in (3, 4)  # the step the signal came in, or the one after it
+        assert (run_dir / "checkpoints" / f"step-{reached}" / "COMPLETE").is_file()
+    else:
+        assert status == 1, err
+        reached = 3
+    tokens_per_step = 8 * 128  # the smoke recipe: global batch 8 of 128 tokens
+    assert summary == {
+        "finished": False,
+        "step": reached,
+        "tokens": reached * tokens_per_step,
+        "fsdp_gradients": "none",
+    }

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import shutil
 import signal
 import time
@@ -25,7 +24,7 @@ from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
-from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, refuse_step_links, replace_written, write_text
+from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, refuse_step_links
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -46,9 +45,9 @@ from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolv
 from .run_state import RunState
 from .stability import SKIP_FILE, StabilityGuard
 from .step import StepOutcome, accumulate_gradients, clip_and_reduce
+from .summary import SUMMARY, RunSummary
 
 LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
-SUMMARY = "summary.json"
 RUN_FILES = ("config.yaml", "metrics.jsonl", SUMMARY, f"{SUMMARY}.partial", SKIP_FILE)  # what it writes in RUN_DIR
 # the folders wandb and TensorBoard make in RUN_DIR: they follow links, so a link there is refused before they start
 LIBRARY_FOLDERS = ("wandb", "tensorboard")
@@ -148,6 +147,7 @@ class Trainer:
         freeze_lower_layers(model, cfg.train.freeze_layers)
         fits = functools.partial(unsharded_fits, cfg, self.model_args, self.batch, env.device)  # asked under FSDP
         self.model, self.micro_batch_plan = parallelize(model, cfg.parallel, self.mesh, self.compute_dtype, fits)
+        self.summary = RunSummary(self.run_dir, self.micro_batch_plan.accumulate, env.is_main)
         self.model.to_empty(device=env.device)
         init_sharded_weights(self.model, cfg.run.seed)
 
@@ -361,7 +361,7 @@ class Trainer:
             gradients = self.micro_batch_plan.describe()
             if gradients is not None:
                 print(gradients, flush=True)
-            self._write_summary(finished=False)  # what the run chose, readable while it runs
+            self.summary.write(self.step, self.tokens_seen)  # what the run chose, readable while it runs
         logger = MetricLogger(cfg, self.run_dir, env.is_main, wandb_id=self.wandb_id, resumed_step=self.step)
         # every rank saves the trainer entry and DCP keeps one rank's copy: all must carry rank 0's id
         box = [logger.wandb_id]
@@ -371,17 +371,9 @@ class Trainer:
 
     def _mark_finished(self, history: list[dict]) -> None:
         """The run reached its last step (a study skips it): summary.json says so, written last, by rank 0."""
-        if self.env.is_main and self.step >= self.max_steps:
-            self._write_summary(finished=True, **({"final_loss": history[-1]["loss"]} if history else {}))
-
-    def _write_summary(self, finished: bool, **figures) -> None:
-        """RUN_DIR/summary.json: whether the run reached its last step, and the FSDP gradient accumulation it chose
-        (``MicroBatchPlan.accumulate``: unsharded, sharded or none)."""
-        summary = {"finished": finished, "step": self.step, "tokens": self.tokens_seen, **figures}
-        summary["fsdp_gradients"] = self.micro_batch_plan.accumulate
-        # whole or not at all: a run stopped as it writes (gpu_check stops runs after their last step) keeps the last
-        partial = write_text(self.run_dir / f"{SUMMARY}.partial", json.dumps(summary) + "\n")
-        replace_written(partial, self.run_dir / SUMMARY)
+        if self.step >= self.max_steps:
+            final = {"final_loss": history[-1]["loss"]} if history else {}
+            self.summary.write(self.step, self.tokens_seen, finished=True, **final)
 
     def _stop_for_preemption(self):
         self.save_checkpoint()
@@ -389,6 +381,7 @@ class Trainer:
         raise Preempted(f"stopped by a signal after step {self.step}; checkpoint saved, exit {EXIT_REQUEUE} to requeue")
 
     def _close(self, logger) -> None:
+        self.summary.stopped(self.step, self.tokens_seen)  # stopped before its last step: the step it reached
         self.loader.close()  # workers stop now, also after an exception (train() runs once)
         self._batches = None
         logger.close()
