@@ -11,7 +11,9 @@ Each part is a subprocess in its own process group with a time limit (``benchmar
 when the part ends, stops early or runs out of time, so no process outlives it (Ctrl-C / SIGTERM stop the running
 parts the same way). Run folders live in a temporary folder (in /dev/shm when it has room) removed at the end. Before
 any part runs, every training run's config (its recipe with ``--set`` and its ``--variant``) is loaded as the trainer
-would load it: a key or value the trainer would refuse is one line, ``gpu_check: error: ...``, exit 2, nothing run.
+would load it and the decode part's command checked as ladder-bench checks it: a key or value they would refuse, a
+flag out of its range or an ``--out``, ``--tokens`` or ``--tokenizer`` that is not there is one line, ``gpu_check:
+error: ...``, exit 2, nothing run.
 Where the rest lives: what runs in which order, ``gpu_plan.py``; the machine (wheels, environment, commit),
 ``machine.py``; the rows, ``gpu_rows.py``, on the library's trace summary (``ladder_train/train/trace_summary.py``),
 ``ladder-train --dry-run --json`` and environment record (``ladder_train/bench/environment.py``); the table,
@@ -113,16 +115,47 @@ def ints_list(text: str) -> list[int]:
     return items
 
 
+def counted(low: int):
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low:
+            raise argparse.ArgumentTypeError(f"an integer >= {low} (got {text!r})")
+        return value
+
+    return parse
+
+
+class Refused(Exception):
+    """Bad input, refused in one line before any part runs (exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are Refused: one line, ``gpu_check: error: ...``, like every other bad input."""
+
+    def error(self, message: str):
+        raise Refused(message)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder of gpu.jsonl (appended) and logs/")
     p.add_argument("--layouts", type=names_list, default=list(LAYOUTS), help="default standard,parallel,ladder")
     p.add_argument("--micro", type=ints_list, default=[2], help="micro-batch sizes, comma-separated (default 2)")
-    p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20; --tiny 4)")
-    p.add_argument("--skip", type=int, default=None, help="first steps left out of the medians (default 5; --tiny 1)")
+    p.add_argument("--steps", type=counted(1), default=None, help="training steps per run (default 20; --tiny 4)")
+    p.add_argument(
+        "--skip", type=counted(0), default=None, help="first steps left out of the medians (default 5; --tiny 1)"
+    )
     p.add_argument("--profile", action="store_true", help="one profiled run of the first layout and micro-batch")
     p.add_argument(
-        "--decode-layers", type=int, default=None, help="layers of the decode slice (default 8; --tiny 2; 0: no decode)"
+        "--decode-layers",
+        type=counted(0),
+        default=None,
+        help="layers of the decode slice (default 8; --tiny 2; 0: no decode)",
     )
     p.add_argument(
         "--decode-layouts", type=names_list, default=None, help="layouts of the decode part (default --layouts)"
@@ -155,37 +188,62 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="a config override of every training run and plan (repeatable), e.g. parallel.accumulate=sharded",
     )
-    args = p.parse_args(argv)
+    return with_defaults(p.parse_args(argv))
+
+
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with each unset option the mode's default, checked together; a path named that is not what it must
+    be is Refused (``--tokens`` / ``--tokenizer`` of a GPU run: ``data_overrides``, which knows the defaults)."""
     mode = TINY if args.tiny else GPU
-    args.steps = args.steps or (4 if args.tiny else 20)
+    args.steps = (4 if args.tiny else 20) if args.steps is None else args.steps
     args.skip = mode.skip if args.skip is None else args.skip
     args.decode_layers = (2 if args.tiny else 8) if args.decode_layers is None else args.decode_layers
     args.gemv_tuning = args.gemv_tuning or (["on"] if args.tiny else ["on", "off"])  # a CPU has no GEMV tuning
     if args.skip >= args.steps:
-        p.error(f"--skip {args.skip} leaves no step of --steps {args.steps} to measure")
+        raise Refused(f"--skip {args.skip} leaves no step of --steps {args.steps} to measure")
     if any(mode.global_batch % m for m in args.micro):
-        p.error(f"every --micro must divide the global batch of {mode.global_batch} sequences")
+        raise Refused(f"every --micro must divide the global batch of {mode.global_batch} sequences")
+    blocked = [p for p in (args.out, *args.out.parents) if p.exists() and not p.is_dir()]
+    if blocked:
+        raise Refused(f"--out {args.out}: {blocked[0]} is not a folder (gpu.jsonl and logs/ go into a folder)")
+    if args.tiny and args.tokens and args.tokens != "python-stdlib" and not Path(args.tokens).exists():
+        raise Refused(f"--tokens {args.tokens}: no such file or folder (a token folder or a text source)")
+    if args.tiny and args.tokenizer not in (None, "byte") and not Path(args.tokenizer).is_file():
+        raise Refused(f"--tokenizer {args.tokenizer}: no such file (a tokenizer.json, or byte)")
     return args
 
 
 def refused_setting(plan: Plan) -> str | None:
-    """The first training run whose config the trainer would refuse (a ``--variant`` or ``--set`` key or value), as
-    its one line, or None: checked here by ladder_train.config before any part runs, not as FAILED rows later."""
+    """The first training run whose config the trainer would refuse (a ``--variant`` or ``--set`` key or value), or
+    decode part ladder-bench would refuse (``--decode-layers``), as its one line, or None: checked here by
+    ladder_train.config and ladder-bench's own check before any part runs, not as FAILED rows later."""
+    from ladder_train.bench.options import measurements
+    from ladder_train.cli.bench import FLAGS, parse_args
     from ladder_train.config import load_config
-    from ladder_train.errors import ConfigError
+    from ladder_train.errors import InputError
+    from ladder_train.option_errors import OptionError
 
     for part in build_parts(plan)[1]:
-        if part.argv[1:3] == ["-m", "ladder_train.train"]:
-            try:
+        try:
+            if part.argv[1:3] == ["-m", "ladder_train.train"]:
                 load_config(REPO / part.argv[4], part.argv[5:])
-            except ConfigError as err:
-                return str(err)
+            elif part.argv[1:3] == ["-m", "ladder_train.bench"]:
+                measurements(parse_args(part.argv[3:]), tp=1)
+        except (InputError, OptionError) as err:
+            message = err.naming(FLAGS) if isinstance(err, OptionError) else str(err)
+            if part.kind != "decode":
+                return message
+            return f"--decode-layers {plan.args.decode_layers}: ladder-bench refuses the decode part: {message}"
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except Refused as err:
+        print(f"gpu_check: error: {err}", file=sys.stderr)
+        return 2
     started = datetime.datetime.now(datetime.UTC)
     site = ensure_imports()
     mode = TINY if args.tiny else GPU

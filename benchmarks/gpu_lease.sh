@@ -19,6 +19,7 @@
 # Each writes at most 7 files under OUT (the device tool brings back 8). Knobs: LOSS_S (60) and CHECK_S (gpu_check's
 # outer limit: 520 after loss_ab, 570 without); CHECK (gpu_check's arguments); STUDY_S (180; a call of timeout_s
 # 450); PYTHON (python3); SEEDS (3,4,5,6,7,8,9,10); TINY=1 (the CPU at tiny sizes: a check of this script).
+# The exit status is gpu_check's (gpu_study's for study; loss_ab's where it failed and gpu_check did not), not tee's.
 # Back here: append gpu.jsonl to docs/results/gpu/CARD_DATE.jsonl (loss_ab.jsonl beside it); study.tgz holds the
 # finished runs as the study runner collects them (for docs/results/study_small/); remake the tables.
 set -u
@@ -36,6 +37,7 @@ if [ -z "${TINY:-}" ] && ls .gpu/whl/*.whl > /dev/null 2>&1; then
   export PYTHONPATH="$PWD/.gpu/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 SEEDS=${SEEDS:-3,4,5,6,7,8,9,10}
+STATUS=0  # the parts' exit status, carried past the pipes into tee and the copies after them
 case "$PART" in
   check|levers)
     nvidia-smi > "$OUT/nvidia_smi.txt" 2>&1 || echo "no nvidia-smi here" > "$OUT/nvidia_smi.txt"
@@ -56,10 +58,13 @@ case "$PART" in
     if [ "$PART" = levers ]; then
       timeout -s TERM "${LOSS_S:-60}" "$PYTHON" -m benchmarks.loss_ab "${LOSS[@]}" --out "$OUT/loss_ab.jsonl" \
         2>&1 | tee -a "$OUT/check.log"
+      STATUS=${PIPESTATUS[0]}
       LIMIT=${CHECK_S:-520}
     fi
     timeout -s TERM "$LIMIT" "$PYTHON" -m benchmarks.gpu_check --out "$W/check" "${ARGS[@]}" 2>&1 \
       | tee -a "$OUT/check.log"
+    CHECK_STATUS=${PIPESTATUS[0]}
+    [ "$CHECK_STATUS" -ne 0 ] && STATUS=$CHECK_STATUS
     cp "$W/check/gpu.jsonl" "$OUT/" 2>/dev/null
     mv "$W"/check/logs/*/*.trace.json.gz "$OUT/" 2>/dev/null
     tar czf "$OUT/check_logs.tgz" -C "$W/check" logs 2>/dev/null
@@ -77,6 +82,7 @@ case "$PART" in
       --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=8e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
       --study "recipes/study_small.yaml model.residual=ladder train.optimizer.lr=4e-3 run.seed=$SEEDS run.dir=runs/gpu_seeds" \
       "${ARGS[@]}" > "$OUT/study.log" 2>&1
+    STATUS=$?
     tail -25 "$OUT/study.log"
     tar czf "$OUT/study.tgz" -C "$W" study 2>/dev/null
     ;;
@@ -86,3 +92,4 @@ case "$PART" in
     ;;
 esac
 ls -la "$OUT"
+exit "$STATUS"

@@ -155,7 +155,7 @@ def test_the_commands_a_gpu_run_would_run(tmp_path):
         ["--variant", "parallel.accumulate"],
         ["--variant", ","],
     ):
-        with pytest.raises(SystemExit):
+        with pytest.raises(check.Refused):  # main says it in one line, exit 2
             check.parse_args(["--out", str(tmp_path), *bad])
 
 
@@ -364,6 +364,16 @@ def _cmdline(proc: Path) -> str:
     [
         (["--variant", "bogus.key=1"], "override 'bogus.key=1': unknown key 'bogus'"),
         (["--set", "parallel.accumulate=bogus"], "bogus"),
+        (["--steps", "0"], "argument --steps: an integer >= 1 (got '0')"),
+        (["--skip", "-1"], "argument --skip: an integer >= 0 (got '-1')"),
+        (["--decode-layers", "-1"], "argument --decode-layers: an integer >= 0 (got '-1')"),
+        (
+            ["--decode-layers", "5000"],
+            "--decode-layers 5000: ladder-bench refuses the decode part: tiny: n_layers=5000",
+        ),
+        (["--tokens", "nowhere"], "--tokens nowhere: no such file or folder"),
+        (["--tokenizer", "nowhere.json"], "--tokenizer nowhere.json: no such file"),
+        (["--steps", "2", "--skip", "2"], "--skip 2 leaves no step of --steps 2 to measure"),
     ],
 )
 def test_a_bad_variant_or_setting_is_refused_before_any_part_runs(tmp_path, monkeypatch, capsys, flags, named):
@@ -372,7 +382,40 @@ def test_a_bad_variant_or_setting_is_refused_before_any_part_runs(tmp_path, monk
 
     monkeypatch.setattr(check, "run_parts", no_part)
     monkeypatch.setattr(check, "work_folder", no_part)
+    monkeypatch.chdir(tmp_path)  # --tokens nowhere: relative to here
     assert check.main(["--tiny", "--out", str(tmp_path / "R"), *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gpu_check: error: ") and named in err[0], err
     assert not (tmp_path / "R").exists()  # no logs folder, no rows
+
+
+@pytest.mark.parametrize("inside", ["", "sub"])
+def test_an_out_that_is_a_file_or_inside_one_is_refused_before_any_part_runs(tmp_path, monkeypatch, capsys, inside):
+    monkeypatch.setattr(check, "run_parts", lambda *args, **kwargs: pytest.fail("a part ran"))
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    out = tmp_path / "rows.jsonl" / inside if inside else tmp_path / "rows.jsonl"
+    assert check.main(["--tiny", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"gpu_check: error: --out {out}: {tmp_path / 'rows.jsonl'} is not a folder (gpu.jsonl and logs/ go into a folder)"
+    ]
+    assert (tmp_path / "rows.jsonl").read_text() == "{}\n"
+
+
+@pytest.mark.slow
+def test_the_lease_script_exits_with_gpu_checks_status_not_tees(tmp_path):
+    """gpu_lease.sh pipes gpu_check into tee: its status is gpu_check's (2: a refused flag), not tee's 0."""
+    env = {
+        **os.environ,
+        "TINY": "1",
+        "OUT": str(tmp_path / "out"),
+        "PYTHON": sys.executable,
+        "CHECK": "--tiny --steps 0",
+    }
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_lease.sh", "check"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (
+        "gpu_check: error: argument --steps: an integer >= 1 (got '0')" in (tmp_path / "out" / "check.log").read_text()
+    )
