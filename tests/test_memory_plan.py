@@ -354,3 +354,47 @@ def test_the_dry_run_json_holds_the_figures_its_text_prints(capsys):
     assert ladder_train(["--config", str(recipe), "--dry-run", "--simulate", "16x8", "--json"]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert len(printed) == 1 and json.loads(printed[0]) == summary
+
+
+def test_the_dry_run_says_what_auto_chooses_on_the_planned_card(capsys):
+    """parallel.accumulate=auto: the text and the JSON give the choice the run would make on a --gpu-memory card
+    (the run's own rule, asked through parallelize), not 'auto'; the 3B ladder's unsharded plan (53.6 GiB at 16 x 8)
+    fits an 80 GiB card and not a 40 GiB one."""
+    from ladder_train.cli import main as ladder_train
+    from ladder_train.train.memory_plan import plan_summary, plan_text
+
+    cfg = load_config(ROOT / "recipes" / "ladder_3b.yaml")
+    for gib, choice, verdict in ((80, "unsharded", "fits"), (40, "sharded", "does not fit")):
+        summary = plan_summary(cfg, "16x8", gib * GIB)
+        assert (summary["accumulate"], summary["accumulate_setting"]) == (choice, "auto")
+        assert f"53.6 GiB, {verdict} 90 % of the device's {gib}.0 GiB" in summary["accumulate_reason"]
+        assert f"(parallel.accumulate=auto: on a {gib} GiB GPU, {choice} (the plan with unsharded" in plan_text(summary)
+        assert "auto keeps it" not in plan_text(summary)
+    argv = ["--config", str(ROOT / "recipes" / "ladder_3b.yaml"), "--dry-run", "--simulate", "16x8", "--json"]
+    assert ladder_train([*argv, "--gpu-memory", "40"]) == 0
+    assert json.loads(capsys.readouterr().out)["accumulate"] == "sharded"
+    fixed = plan_summary(
+        load_config(ROOT / "recipes" / "ladder_3b.yaml", ["parallel.accumulate=unsharded"]), "16x8", 40 * GIB
+    )
+    assert (fixed["accumulate"], fixed["accumulate_setting"]) == ("unsharded", "unsharded")  # set, not chosen
+    assert "(parallel.accumulate=unsharded)" in plan_text(fixed)
+
+
+def test_a_plan_refused_for_the_assumed_world_says_which_world_and_whence(capsys, monkeypatch):
+    """Without --simulate the dry run plans for SLURM_NNODES x GPUS_PER_NODE (1 x 8 unset): a refusal says so."""
+    from cli_errors import assert_bad_input
+
+    monkeypatch.delenv("SLURM_NNODES", raising=False)
+    monkeypatch.delenv("GPUS_PER_NODE", raising=False)
+    argv = ["--config", str(ROOT / "recipes" / "ladder_3b.yaml"), "--dry-run", "train.global_batch_size=12"]
+    named = ("x 8 data-parallel ranks", "assumes 1 node(s) x 8 GPUs", "SLURM_NNODES unset: 1", "GPUS_PER_NODE unset: 8")
+    assert_bad_input("ladder-train", argv, (*named, "--simulate NODESxGPUS plans another"), capsys, monkeypatch)
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    assert_bad_input("ladder-train", argv, ("x 16 data-parallel ranks", "SLURM_NNODES=2"), capsys, monkeypatch)
+    assert_bad_input(
+        "ladder-train", [*argv, "--simulate", "3x8"], "assumes 3 node(s) x 8 GPUs: --simulate 3x8", capsys, monkeypatch
+    )
+    from ladder_train.train.memory_plan import plan_summary
+
+    summary = plan_summary(load_config(ROOT / "recipes" / "ladder_3b.yaml"), None)
+    assert summary["world_from"] == "SLURM_NNODES=2, GPUS_PER_NODE unset: 8" and summary["nodes"] == 2

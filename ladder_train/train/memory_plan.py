@@ -7,6 +7,7 @@ laptop; ``dry_run`` its text, ``--dry-run --json`` its figures as one JSON line)
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -136,8 +137,14 @@ def unsharded_fits(cfg: Config, args, batch: BatchSplit, device: torch.device, l
     host memory is not planned: it fits."""
     if device.type != "cuda":
         return True, "auto, on the CPU"
-    plan = memory_plan(cfg, args, local_params, batch.micro_batch, device, batch.accumulation)
     capacity = torch.cuda.get_device_properties(device).total_memory
+    return plan_fits(cfg, args, batch, capacity, local_params)
+
+
+def plan_fits(cfg: Config, args, batch: BatchSplit, capacity: float, local_params: int) -> tuple[bool, str]:
+    """auto's rule on a device of ``capacity`` bytes: (whether the plan with unsharded accumulation fits 90 % of it,
+    why). The run asks it of its own device, the dry run of ``--gpu-memory``."""
+    plan = memory_plan(cfg, args, local_params, batch.micro_batch, torch.device("cuda"), batch.accumulation)
     ok = plan.unsharded <= 0.9 * capacity
     return ok, (
         f"auto: the plan with unsharded accumulation, {plan.unsharded / GIB:.1f} GiB, "
@@ -145,20 +152,26 @@ def unsharded_fits(cfg: Config, args, batch: BatchSplit, device: torch.device, l
     )
 
 
-def _simulated_world(simulate: str | None) -> tuple[int, int]:
-    """(nodes, GPUs per node) of ``--simulate NODESxGPUS``, else of SLURM_NNODES and GPUS_PER_NODE (1 x 8)."""
+def _simulated_world(simulate: str | None) -> tuple[int, int, str]:
+    """(nodes, GPUs per node, where they come from) of ``--simulate NODESxGPUS``, else of SLURM_NNODES and
+    GPUS_PER_NODE (1 x 8 where unset)."""
     if simulate is None:
         where = "SLURM_NNODES and GPUS_PER_NODE"
-        text = f"{os.environ.get('SLURM_NNODES', 1)}x{os.environ.get('GPUS_PER_NODE', 8)}"
+        nodes, gpus = os.environ.get("SLURM_NNODES"), os.environ.get("GPUS_PER_NODE")
+        text = f"{nodes or 1}x{gpus or 8}"
+        origin = ", ".join(
+            f"{k}={v}" if v else f"{k} unset: {d}"
+            for k, v, d in (("SLURM_NNODES", nodes, 1), ("GPUS_PER_NODE", gpus, 8))
+        )
     else:
-        where, text = "--simulate", simulate
+        where, text, origin = "--simulate", simulate, f"--simulate {simulate}"
     try:
         nodes, gpus = (int(x) for x in text.lower().split("x"))
     except ValueError:
         raise ConfigError(f"{where} {text!r} must look like NODESxGPUS, e.g. 16x8") from None
     if nodes < 1 or gpus < 1:
         raise ConfigError(f"{where} {text!r}: NODES and GPUS must be integers >= 1, e.g. 16x8")
-    return nodes, gpus
+    return nodes, gpus, origin
 
 
 def largest_fitting_micro_batch(
@@ -179,18 +192,24 @@ def plan_summary(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB
     accumulation the largest micro-batch whose plan fits 90 % of ``gpu_memory`` bytes (None where none fits)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    nodes, gpus = _simulated_world(simulate)
+    nodes, gpus, origin = _simulated_world(simulate)
     world = nodes * gpus
-    replicate, shard = resolve_degrees(cfg.parallel, world, gpus)
-    batch = BatchSplit(cfg.train.global_batch_size, cfg.train.micro_batch_size, world, cfg.data.seq_len)
-    batch.check()
     args = model_args(cfg.model)
+    try:
+        replicate, shard = resolve_degrees(cfg.parallel, world, gpus)
+        batch = BatchSplit(cfg.train.global_batch_size, cfg.train.micro_batch_size, world, cfg.data.seq_len)
+        batch.check()
+    except ConfigError as err:  # the world is the dry run's assumption: say which, and whence
+        hint = "" if simulate else "; --simulate NODESxGPUS plans another"
+        raise ConfigError(f"{err} (the dry run assumes {nodes} node(s) x {gpus} GPUs: {origin}{hint})") from None
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
     try:
         mesh = build_mesh("cpu", replicate, shard)
         model = build_on_meta(args)
-        parallelize(model, replace(cfg.parallel, compile=False), mesh, torch.bfloat16)
+        # the run's own choice for parallel.accumulate, asked of auto's rule on a --gpu-memory device
+        fits = functools.partial(plan_fits, cfg, args, batch, gpu_memory)
+        _, micro_plan = parallelize(model, replace(cfg.parallel, compile=False), mesh, torch.bfloat16, fits)
         local_params = sum(p.to_local().numel() for p in model.parameters())
         mesh_shape = list(mesh.shape)
     finally:
@@ -218,7 +237,10 @@ def plan_summary(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB
         "micro_batch": batch.micro_batch,
         "micro_batches": batch.accumulation,
         "activation_checkpoint": cfg.parallel.activation_checkpoint,
-        "accumulate": cfg.parallel.accumulate,
+        "accumulate": micro_plan.accumulate,  # what the run would choose on a gpu_memory device
+        "accumulate_setting": cfg.parallel.accumulate,
+        "accumulate_reason": micro_plan.reason,
+        "world_from": origin,
         "memory_gib": {key: getattr(plan, key) / GIB for key in PLAN_PARTS},
         "gpu_memory_gib": gpu_memory / GIB,
         "largest_micro_batch": fitting,
@@ -233,11 +255,20 @@ def dry_run(cfg: Config, simulate: str | None, gpu_memory: float = 80 * GIB) -> 
     return plan_text(plan_summary(cfg, simulate, gpu_memory))
 
 
+def _choice(s: dict) -> str:
+    """What auto chose for the plan's device, and why; nothing for a setting that chose itself."""
+    if s["accumulate_setting"] != "auto":
+        return ""
+    return (
+        f": on a {s['gpu_memory_gib']:g} GiB GPU, {s['accumulate']} ({s['accumulate_reason'].removeprefix('auto: ')})"
+    )
+
+
 def plan_text(s: dict) -> str:
     """``plan_summary``'s figures as ``--dry-run`` prints them."""
     world, gib, n = s["nodes"] * s["gpus_per_node"], s["memory_gib"], s["micro_batches"]
     lines = [
-        f"dry run: {s['run']} | {s['nodes']} nodes x {s['gpus_per_node']} GPUs = {world} processes",
+        f"dry run: {s['run']} | {s['nodes']} nodes x {s['gpus_per_node']} GPUs = {world} processes ({s['world_from']})",
         f"mesh {tuple(s['mesh'])} (dp_replicate, dp_shard): {s['sharding']}",
         f"model {s['layout']} ({s['n_layers']} layers, dim {s['dim']}): {s['params']:,} parameters, "
         f"{s['params_per_gpu']:,} per GPU",
@@ -249,7 +280,7 @@ def plan_text(s: dict) -> str:
         f"{gib['logits']:.2f} | total {gib['sharded']:.2f}",
         f"gradient accumulation over {n} micro-batches: unsharded (one gather and one reduction "
         f"per step) adds {gib['unsharded'] - gib['sharded']:.2f} GiB, total {gib['unsharded']:.2f} "
-        f"(parallel.accumulate={s['accumulate']}; auto keeps it where the device holds the total)",
+        f"(parallel.accumulate={s['accumulate_setting']}{_choice(s)})",
     ]
     for mode, fit in s["largest_micro_batch"].items():
         if fit is None:
