@@ -117,7 +117,7 @@ def _shape_problems(args: ModelArgs, label) -> list[str]:
     if args.n_heads % args.n_kv_heads:
         return [f"{label('n_kv_heads')}={args.n_kv_heads}: does not divide {label('n_heads')}={args.n_heads}"]
     ladder = args.ladder_layers
-    if ladder is not None and args.residual != "ladder":  # as config_checks and the transformers class say
+    if ladder is not None and args.residual != "ladder":  # as the config's model rules and the transformers class say
         return [
             f"{label('ladder_layers')}={ladder!r}: only a ladder has ladder layers "
             f"(null for {label('residual')}={args.residual!r})"

@@ -8,8 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ..config import OptimizerConfig, ScheduleConfig
-from ..config_checks import schedule_steps
+from ..config import OptimizerConfig, ScheduleConfig, schedule_steps
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig, lr: float | None = None) -> torch.optim.AdamW:
