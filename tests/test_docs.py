@@ -6,7 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tools.docs_tables import MANIFEST, main, parse_command, remake, stale_tables
+import pytest
+
+from tools.docs_tables import DOCS, MANIFEST, main, parse_command, remake, stale_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY_LR, STUDY_LR_DESYNC = (MANIFEST["study-lr-sweep"].data[key] for key in ("sweep", "desync"))
@@ -356,3 +358,29 @@ def test_the_ladder_pairs_table_gives_each_seed_the_figures_of_the_pairs_so_far(
     # t(0.975, 10) x 0.03606 / sqrt(11) = 0.0242; t(0.975, 12) x 0.03606 / sqrt(13) = 0.0218
     assert "At the last row's pair sd (0.0361) the projected half-width is: 11 pairs 0.0242, 13 pairs 0.0218." in table
     assert "Holm p adjusts over the seeds table's 2 validation-loss comparisons" in table
+
+
+CUT_FILES = [
+    ("docs/results/checkpoint/cpu.jsonl", 2),  # a table's plain JSON lines
+    ("docs/results/tp_generation/cpu.jsonl", 3),  # ladder-bench rows (bench_schema.read_bench)
+    ("docs/results/gpu/h200_2026-11-28.jsonl", 4),  # gpu_check's rows
+    ("docs/results/study_small/lr/model.residual=parallel,train.optimizer.lr=2e-3/metrics.jsonl", 3),  # a run's
+    ("docs/results/study_small/unigram.json", 5),  # a builder's own JSON file, one line of it cut
+]
+
+
+@pytest.mark.parametrize("data,line", CUT_FILES, ids=[Path(d).parent.name for d, _ in CUT_FILES])
+def test_a_results_file_with_a_line_cut_short_is_named_with_its_line_and_nothing_written(tmp_path, capsys, data, line):
+    root = _copy_docs(tmp_path)
+    lines = (root / data).read_text().splitlines(keepends=True)
+    cut = lines[line - 1].rstrip("\n")
+    lines[line - 1] = cut[: len(cut) // 2] + "\n"
+    (root / data).write_text("".join(lines))
+    before = {doc: (root / doc).read_text() for doc in DOCS}
+    for action in ("--check", "--write"):
+        capsys.readouterr()
+        assert main([action, "--root", str(root)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"python -m tools.docs_tables: error: {root / data}:{line}: "), err
+        assert "not JSON" in err[0] or "not a JSON line" in err[0], err
+    assert {doc: (root / doc).read_text() for doc in DOCS} == before

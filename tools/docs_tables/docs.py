@@ -88,13 +88,15 @@ def parse_command(argv: list[str]) -> tuple[str, Path]:
 
 
 def write_tables(root: Path) -> int:
-    """Remake every marked table; one whose data is missing keeps its text, and the exit status (1) says so."""
-    missing = []
+    """Remake every marked table; one whose data is missing keeps its text, and the exit status (1) says so. Every
+    doc is remade before any is written: data that cannot be read (InputError) leaves all of them as they were."""
+    missing, remade = [], {}
     for doc in DOCS:
-        path = root / doc
-        text = path.read_text()
-        write_text(path, remake(text, root, skip_missing=True))
+        text = (root / doc).read_text()
+        remade[doc] = remake(text, root, skip_missing=True)
         missing += [m.group("name") for m in _BLOCK.finditer(text) if _missing(m.group("name"), root)]
+    for doc, text in remade.items():
+        write_text(root / doc, text)
     return 1 if missing else 0
 
 
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         action, root = parse_command(argv)
-    except InputError as err:
+        return write_tables(root) if action == "write" else check_tables(root)
+    except InputError as err:  # a data file that cannot be read (a line cut short): named, with its line
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return write_tables(root) if action == "write" else check_tables(root)

@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
 from ladder_train.report.runs import read_metrics
 from ladder_train.report.tables import markdown_table
+
+from .manifest import read_json
 
 
 def _percent(metrics: dict, name: str) -> str:
@@ -31,8 +32,8 @@ def smollm2(root: Path, folder: str, models: dict[str, str]) -> str:
 def _smollm2_rows(path: Path, folder: str, models: dict[str, str]) -> str:
     rows, notes = [], set()
     for name, label in models.items():
-        tasks = json.loads((path / f"{name}_tasks.json").read_text())
-        wikitext = json.loads((path / f"{name}_wikitext.json").read_text())["held_out"]
+        tasks = read_json(path / f"{name}_tasks.json")
+        wikitext = read_json(path / f"{name}_wikitext.json")["held_out"]
         summary, fineweb = tasks["summary"], tasks["held_out"]
         lambada = summary["lambada_local"]
         rows.append(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladder_train.bench_schema import read_bench
+from ladder_train.errors import InputError
 
 MANIFEST_FILE = Path(__file__).with_name("manifest.toml")
 
@@ -25,8 +26,24 @@ class MissingData(Exception):
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The JSON lines of ``path`` (blank lines skipped)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The JSON lines of ``path`` (blank lines skipped); a line that is not JSON (one cut short, say) is an InputError
+    of one line naming the file and the line."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise InputError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+    return rows
+
+
+def read_json(path: Path):
+    """The JSON document of ``path``; one that is not JSON is an InputError of one line naming the file and where."""
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"{path}:{err.lineno}: not JSON ({err.msg})") from None
 
 
 READERS: dict[str, Callable[[Path], list[dict]]] = {"json-lines": read_rows, "ladder-bench": read_bench}

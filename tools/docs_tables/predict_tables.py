@@ -12,11 +12,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ladder_train.predict import card_check, card_check_markdown, load_profiles
 from ladder_train.report.tables import markdown_table
+
+from .manifest import read_json
 
 LINK_NAMES = {"nvlink": "NVLink", "pcie": "P2P disabled"}  # the profile's pcie link is NCCL_P2P_DISABLE=1
 # the cells of the paper's table the sensitivity table shows: (column, the rows' name of the cell)
@@ -120,7 +121,7 @@ def sensitivity(rows: list[dict], path: str) -> str:
 
 def json_table(root: Path, table: str) -> str:
     """A table stored as ``{"header": [...], "rows": [[...]], "note": "..."}`` by the command that made it."""
-    data = json.loads((root / table).read_text())
+    data = read_json(root / table)
     note = f"\n\n{data['note']}\n" if data.get("note") else "\n"
     return markdown_table(data["header"], data["rows"]) + note
 

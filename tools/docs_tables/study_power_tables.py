@@ -4,7 +4,6 @@ against the power of the study's pairs, and a unigram model's score as the floor
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from ladder_train.paper import PRETRAINING
 from ladder_train.report.tables import markdown_table
 from ladder_train.study import default_baseline, group_runs, pairs_for_power, pooled_sd, power
 
+from .manifest import read_json
 from .study_runs import ladder_difference, loss_differences, study_runs
 
 
@@ -95,7 +95,7 @@ def _gap_row(name: str, per_word: str, per_byte: float, n: int, sd: float, poole
 def unigram(root: Path, unigram: str) -> str:
     """The study's floor: a unigram model of the training bytes on the runs' validation bytes
     (``benchmarks/unigram_baseline.py``)."""
-    data = json.loads((root / unigram).read_text())
+    data = read_json(root / unigram)
     return (
         f"For scale, a unigram model of the training bytes scores {data['nats_per_byte']:.3f} nats per byte on the "
         f"same {data['val_tokens']:,} validation bytes the runs score ({data['smoothing']} of "
