@@ -122,17 +122,19 @@ def test_bad_layout_fields_are_refused_by_the_config_class():
     assert hybrid.layer_reduces() == [(True, True), (False, False), (False, True)]  # 4x: every other MLP, the last
 
 
-def test_transformers_tensor_parallel_plan_leaves_a_desync_models_blocks_whole():
-    """transformers' TP would slice the heads a desync model already splits into its t streams: no block is in its
-    plan (replicated blocks compute the same function); a ladder keeps Llama's plan."""
+def test_transformers_tensor_parallel_plan_leaves_a_desync_model_whole():
+    """transformers' TP would slice the heads a desync model already splits into its t streams: nothing is in its
+    plan (replicated, the same function), the head neither: sharded, it would split the Parameter it shares with
+    the embedding the plan leaves whole; a ladder keeps Llama's plan."""
     from ladder_train.hf.configuration_ladder_llama import LadderLlamaConfig
     from ladder_train.hf.modeling_ladder_llama import LadderLlamaForCausalLM
 
     shape = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
-    desync = LadderLlamaForCausalLM(LadderLlamaConfig(**shape, num_key_value_heads=2, residual="desync", desync_tp=2))
+    desync = LadderLlamaForCausalLM(
+        LadderLlamaConfig(**shape, num_key_value_heads=2, residual="desync", desync_tp=2, tie_word_embeddings=True)
+    )
     ladder = LadderLlamaForCausalLM(LadderLlamaConfig(**shape, num_key_value_heads=2, residual="ladder"))
-    assert not any(name.startswith("model.layers") for name in desync.tp_plan)
-    assert desync.tp_plan == {"lm_head": "colwise_gather_output"}  # the head sees one stream: sharded and gathered
+    assert desync.tp_plan == {} and desync.lm_head.weight is desync.model.embed_tokens.weight
     assert "model.layers.*.self_attn.q_proj" in ladder.tp_plan and ladder.config.base_model_tp_plan
 
 

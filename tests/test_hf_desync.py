@@ -17,6 +17,7 @@ from test_hf import PROMPT, TINY, hf_greedy, ladder_greedy, relative_error
 
 from ladder_train.export import export_folder
 from ladder_train.hf import register
+from ladder_train.hf.modeling_ladder_llama import CACHE
 from ladder_train.loading import load_model, load_tp_shard
 from ladder_train.model import ModelArgs, Transformer
 from ladder_train.model.hf_format import save_export
@@ -90,7 +91,7 @@ def test_greedy_tokens_through_transformers_cache_with_a_head_per_stream(tmp_pat
     model = trained(CASES["t=4 above 2 kv heads"])
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(save_export(model, tmp_path / "export")).eval()
     with torch.no_grad():
-        cache = hf_model(PROMPT, use_cache=True).cache
+        cache = getattr(hf_model(PROMPT, use_cache=True), CACHE)
     assert [layer.keys.shape[1] for layer in cache.layers] == [4] * TINY["n_layers"]
     hf_model.generation_config.eos_token_id = None  # all 24 tokens on both sides
     ours = ladder_greedy(model, PROMPT, 24)

@@ -199,7 +199,8 @@ class LadderLlamaConfig(LlamaConfig):
         if self.residual == "desync":
             # Llama's plan shards each module's heads and columns across ranks; a desync model already computes its
             # t rank-local streams through those slices on every device, so transformers' TP would slice them again.
-            # No plan: under a distributed load the blocks are replicated, which computes the same function.
+            # No plan: under a distributed load every weight is replicated (the model's own plan drops the head too,
+            # which shares its Parameter with the embedding), which computes the same function.
             self.base_model_tp_plan = {}
 
     def layer_layouts(self) -> list[str]:
@@ -209,6 +210,15 @@ class LadderLlamaConfig(LlamaConfig):
         hybrid = self.ladder_layers if self.residual == "ladder" else self.desync_layers
         n_upper = self.num_hidden_layers if hybrid is None else hybrid
         return ["standard"] * (self.num_hidden_layers - n_upper) + [self.residual] * n_upper
+
+    def cache_key_value_heads(self) -> list[int]:
+        """The KV heads each layer's cache holds, first layer to last. A desync layer above ``num_key_value_heads``
+        (t > n_kv) keeps one copy of a KV head per stream, t in all: the streams' keys differ, so the copies cannot
+        be shared. A static cache sized before the first forward, a paged cache or a serving engine must size by
+        this, not by ``num_key_value_heads`` (which stays the weights' head count, as in a Llama of the same
+        shape); the attention refuses a cache sized otherwise."""
+        n_kv = self.num_key_value_heads or self.num_attention_heads
+        return [max(n_kv, self.desync_tp) if layout == "desync" else n_kv for layout in self.layer_layouts()]
 
     def layer_reduces(self) -> list[tuple[bool, bool]]:
         """(attention re-synchronises, MLP re-synchronises) per layer: always in a standard layer; in the desync

@@ -34,8 +34,34 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
     eager_attention_forward,
 )
+from transformers.utils import can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_ladder_llama import LadderLlamaConfig
+
+# The cache's name in transformers' keywords and output fields: ``cache`` where transformers renamed it (5.24, which
+# still takes ``past_key_values`` with a FutureWarning), ``past_key_values`` before. Read off the output class, so
+# no version number is compared.
+CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def cache_keyword(forward):
+    """``forward(..., cache=...)`` also called with ``past_key_values=``, as Llama's forwards are: where transformers
+    renamed it, through its own deprecation of the old name; before, silently (it is the name generate() passes)."""
+    if CACHE == "cache":
+        return deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")(forward)
+
+    def renamed(*args, **kwargs):
+        if "past_key_values" in kwargs:
+            old = kwargs.pop("past_key_values")
+            kwargs["cache"] = old if kwargs.get("cache") is None else kwargs["cache"]
+        return forward(*args, **kwargs)
+
+    # functools.wraps without its import (the file imports only torch and transformers): generate() reads the
+    # signature of forward through __wrapped__
+    renamed.__wrapped__, renamed.__name__, renamed.__doc__ = forward, forward.__name__, forward.__doc__
+    return renamed
 
 
 def _stream_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -54,12 +80,13 @@ def _stream_cols(h: torch.Tensor, weight: torch.Tensor, streams: int) -> torch.T
 class LadderLlamaDesyncAttention(LlamaAttention):
     """Attention of a desync layer: stream s of (t, B, T, D) through TP rank s's query heads and the KV heads that
     rank holds (its n_kv / t of them, or above n_kv heads one replicated head, s // (t / n_kv), so the cache holds
-    max(n_kv, t) heads); returns the t partial outputs (t, B, T, D), unreduced."""
+    max(n_kv, t) heads: ``config.cache_key_value_heads()``); returns the t partial outputs (t, B, T, D), unreduced,
+    and the attention weights (B, H, T, S) of all H query heads."""
 
     def __init__(self, config: LadderLlamaConfig, layer_idx: int):
         super().__init__(config=config, layer_idx=layer_idx)
         self.streams = config.desync_tp
-        self.num_key_value_groups = config.num_attention_heads // max(config.num_key_value_heads, self.streams)
+        self.num_key_value_groups = config.num_attention_heads // config.cache_key_value_heads()[layer_idx]
 
     def _rank_kv(self, weight: torch.Tensor) -> torch.Tensor:
         """k_proj or v_proj arranged so that rank s's row block is the KV heads rank s holds."""
@@ -69,6 +96,24 @@ class LadderLlamaDesyncAttention(LlamaAttention):
         per_head = weight.view(n_kv, -1, weight.shape[1])
         return per_head.repeat_interleave(self.streams // n_kv, dim=0).flatten(0, 1)
 
+    def _check_cache_heads(self, cache) -> None:
+        """A cache sized before this layer wrote to it (a static cache initialised from config.num_key_value_heads,
+        a paged cache) must hold the streams' heads; refused in one line instead of failing inside an update."""
+        layers = getattr(cache, "layers", None)
+        if layers is None:
+            sized = getattr(cache, "num_key_value_heads", None)
+        else:
+            layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
+            keys = getattr(layer, "keys", None) if getattr(layer, "is_initialized", False) else None
+            sized = keys.shape[1] if isinstance(keys, torch.Tensor) and keys.dim() == 4 else None
+        heads = self.config.cache_key_value_heads()[self.layer_idx]
+        if sized is not None and sized != heads:
+            raise ValueError(
+                f"desync_tp={self.streams}: the cache of layer {self.layer_idx} holds {sized} KV heads, this model's "
+                f"{heads} (config.cache_key_value_heads(); num_key_value_heads={self.config.num_key_value_heads})"
+            )
+
+    @cache_keyword
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
         batch, seq = hidden_states.shape[1:3]
 
@@ -79,6 +124,7 @@ class LadderLlamaDesyncAttention(LlamaAttention):
         key, value = heads(self._rank_kv(self.k_proj.weight)), heads(self._rank_kv(self.v_proj.weight))
         query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
         if cache is not None:
+            self._check_cache_heads(cache)
             key, value = cache.update(key, value, self.layer_idx, kwargs=kwargs)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         out, weights = attention(
@@ -103,10 +149,13 @@ class LadderLlamaDesyncMLP(LlamaMLP):
 
 
 class LadderLlamaDecoderLayer(nn.Module):
-    """One layer of any layout. ``forward`` returns the stream and the ladder's pending (attention, MLP) outputs,
-    which are None for layouts that add their outputs at once. A desync layer's stream is (B, T, D) while the ranks
-    are synchronised and (t, B, T, D) between a module that does not reduce and the next that does; ``reduces``:
-    whether its (attention, MLP) re-synchronise them."""
+    """One layer of any layout. ``forward(r, pending_attn, pending_mlp, ...)`` returns ``(hidden, r, pending_attn,
+    pending_mlp)``: the stream and the ladder's pending (attention, MLP) outputs, None for layouts that add their
+    outputs at once, led by the layer's hidden state (B, T, D) that ``output_hidden_states`` records: the stream
+    with every output computed so far joined (a ladder's pending ones added), and between desync modules the mean
+    of the streams (what the next re-synchronisation starts from). A desync layer's stream is (B, T, D) while the
+    ranks are synchronised and (t, B, T, D) between a module that does not reduce and the next that does;
+    ``reduces``: whether its (attention, MLP) re-synchronise them."""
 
     def __init__(self, config: LadderLlamaConfig, layer_idx: int, layout: str, reduces=(True, True)):
         super().__init__()
@@ -129,19 +178,22 @@ class LadderLlamaDecoderLayer(nn.Module):
         if self.layout == "standard":
             r = r + attend(self.input_layernorm(r))
             r = r + self.mlp(self.post_attention_layernorm(r))
-            return r, None, None
+            return r, r, None, None
         if self.layout == "parallel":
             n = self.input_layernorm(r)
-            return r + (attend(n) + self.mlp(n)), None, None
+            r = r + (attend(n) + self.mlp(n))
+            return r, r, None, None
         if self.layout == "desync":
             r = self._desync_module(r, attend, self.input_layernorm, self.reduces[0])
-            return self._desync_module(r, self.mlp, self.post_attention_layernorm, self.reduces[1]), None, None
+            r = self._desync_module(r, self.mlp, self.post_attention_layernorm, self.reduces[1])
+            return (r if r.dim() == 3 else r.mean(0)), r, None, None
         if pending_attn is not None:
             r = r + pending_attn
         attn_out = attend(self.input_layernorm(r))
         if pending_mlp is not None:
             r = r + pending_mlp
-        return r, attn_out, self.mlp(self.post_attention_layernorm(r))
+        mlp_out = self.mlp(self.post_attention_layernorm(r))
+        return r + attn_out + mlp_out, r, attn_out, mlp_out
 
     def _desync_module(self, r, module, norm, reduce: bool) -> torch.Tensor:
         """Each stream adds its rank's partial output, or where the module reduces, the all-reduce of the t ranks:
@@ -157,7 +209,9 @@ class LadderLlamaPreTrainedModel(LlamaPreTrainedModel):
     config_class = LadderLlamaConfig
     config: LadderLlamaConfig
     _no_split_modules = ["LadderLlamaDecoderLayer"]
-    _can_record_outputs = {}
+    # what output_hidden_states / output_attentions record, as Llama's: each layer's first output, and the weights
+    # of every attention (the desync attention is a LlamaAttention)
+    _can_record_outputs = {"hidden_states": LadderLlamaDecoderLayer, "attentions": LlamaAttention}
     supports_gradient_checkpointing = False
 
 
@@ -173,6 +227,8 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
         self.post_init()
 
+    @cache_keyword
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -197,21 +253,24 @@ class LadderLlamaModel(LadderLlamaPreTrainedModel):
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
-            cache=cache,
             position_ids=position_ids,
+            **{CACHE: cache},
         )
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids=position_ids)
-        r, pending_attn, pending_mlp = inputs_embeds, None, None
+        hidden, r, pending_attn, pending_mlp = inputs_embeds, inputs_embeds, None, None
         for layer in self.layers:
-            r, pending_attn, pending_mlp = layer(
+            hidden, r, pending_attn, pending_mlp = layer(
                 r, pending_attn, pending_mlp, position_embeddings, mask, cache, position_ids=position_ids, **kwargs
             )
-        if pending_attn is not None:  # the ladder's last two outputs join before the final norm
-            r = r + pending_attn + pending_mlp
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(r), cache=cache if use_cache else None)
+        # the ladder's last two outputs join before the final norm: the last layer's hidden state, in every layout
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden), **{CACHE: cache})
 
 
 class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
+    """A desync model has no tensor-parallel plan (``tp_plan`` is empty: every weight replicated), its blocks as the
+    head: the blocks already compute the t ranks' slices on each device, and a sharded head would split the one
+    Parameter it shares with the embedding (tied, the default) from an embedding the plan leaves whole."""
+
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
 
@@ -221,7 +280,11 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
+        if config.residual == "desync":
+            self._tp_plan = {}
 
+    @cache_keyword
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -249,7 +312,13 @@ class LadderLlamaForCausalLM(LadderLlamaPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            **{CACHE: getattr(outputs, CACHE)},
+        )
 
 
 __all__ = ["LadderLlamaForCausalLM", "LadderLlamaModel", "LadderLlamaPreTrainedModel"]
