@@ -32,7 +32,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from ladder_train.config import load_config, model_args
-from ladder_train.folders import write_text
+from ladder_train.files import write_text
 from ladder_train.model import Transformer
 from ladder_train.parallel.apply import apply_activation_checkpointing
 

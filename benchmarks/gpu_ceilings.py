@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ladder_train.folders import open_to_write
+from ladder_train.files import open_to_write
 
 
 def timed(fn, repeats: int, warmup: int, device: torch.device) -> list[float]:

@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: error: {refused}", file=sys.stderr)
         return 2
     from ladder_train.bench.environment import invocation_id  # the package: after ensure_imports
-    from ladder_train.folders import make_folder
+    from ladder_train.files import make_folder
 
     logs = make_folder(make_folder(args.out / "logs") / invocation_id(started))  # neither through a link
     work = work_folder(args.tiny)

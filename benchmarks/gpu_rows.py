@@ -72,7 +72,7 @@ def profile_row(part: Part, skip: int, keep_trace: bool) -> dict:
     if not traces:
         row["error"] = row["error"] or "no trace written (RUN_DIR/profile/rank0_steps*.pt.trace.json)"
         return row
-    from ladder_train.folders import open_to_write  # the package: after ensure_imports
+    from ladder_train.files import open_to_write
     from ladder_train.train.trace_summary import summarize_trace
 
     row["trace"] = traces[-1].name

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     work = work_folder(args.tiny)
     logs, summary_file = args.out / "logs", args.out / SUMMARY
     from ladder_train.errors import ConfigError, InputError
-    from ladder_train.folders import make_folder, refuse_link, write_text
+    from ladder_train.files import make_folder, refuse_link, write_text
 
     try:
         refuse_link(summary_file)  # before the runs, not once they are over

@@ -52,7 +52,7 @@ def kill_group(proc: subprocess.Popen, gentle: bool) -> None:
 
 def run_part(part: Part, env: dict) -> dict:
     """Runs ``part`` to its end, its ``done`` or its limit; its outcome (rc, timed_out, stopped, wall_s)."""
-    from ladder_train.folders import open_to_write  # the package: after ensure_imports
+    from ladder_train.files import open_to_write
 
     if STOP.is_set():
         part.outcome = {"rc": None, "timed_out": False, "stopped": False, "interrupted": True, "wall_s": 0.0}

@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.peers import SETUP
 from ladder_train.config import load_config, model_args
-from ladder_train.folders import write_text
+from ladder_train.files import write_text
 from ladder_train.gpu_cards import peak_flops_for
 from ladder_train.model import ModelArgs, build_on_meta, flops_per_token, preset_args
 from ladder_train.parallel import (

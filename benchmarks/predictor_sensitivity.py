@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from ladder_train.folders import write_text
+from ladder_train.files import write_text
 from ladder_train.predict import paper_check
 from ladder_train.predict.hardware import SHIPPED, load_profiles
 

@@ -35,7 +35,7 @@ def append_rows(path: str | Path | None, rows: list[dict]) -> None:
     """Append ``rows`` to the JSON lines file ``path`` (its folder made if needed); nothing when ``path`` is None."""
     if path is None:
         return
-    from ladder_train.folders import open_to_write  # the package: after ensure_imports (gpu_check)
+    from ladder_train.files import open_to_write
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ from ladder_train.data.token_files import (
     write_meta,
 )
 from ladder_train.data.token_loader import TokenFileLoader
-from ladder_train.folders import open_to_write
+from ladder_train.files import open_to_write
 from ladder_train.gpu_cards import CARDS
 from ladder_train.model import PRESETS, flops_per_token
 from ladder_train.model.transformer import ModelArgs

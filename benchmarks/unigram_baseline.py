@@ -21,7 +21,7 @@ import torch
 
 from ladder_train.config import load_config
 from ladder_train.data import build_dataloader, load_tokenizer
-from ladder_train.folders import write_text
+from ladder_train.files import write_text
 
 RECIPE = "recipes/study_small.yaml"
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from .errors import InputError
-from .folders import open_to_write
+from .files import open_to_write
 
 # a distribution over the timed runs (bench/results.py ``distribution``): p50, p90, p99, mean, sd, samples
 _DISTRIBUTION = "{p50, p90, p99, mean, sd (null for one run), samples (in run order)}"

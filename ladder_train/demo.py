@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .folders import remove_written, remove_written_tree
+from .files import remove_written, remove_written_tree
 from .lifetime import ends_with_this_process
 from .model import PAPER_LAYOUTS
 from .report import write_report

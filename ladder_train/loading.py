@@ -49,7 +49,7 @@ def resolve_source(source: str | Path, **overrides) -> ModelSource:
     """The kind and ModelArgs of a preset name (``overrides`` set its fields), an export folder or a training
     checkpoint. Reads only the config and the weights' headers, and checks them (model/shape_checks.py): a crafted
     or ill-formed folder raises InputError (one line naming the file and the field), as does anything else, and a
-    FIFO, device or directory where a file of it belongs (``folders.is_plain_file``). A checkpoint is checked against
+    FIFO, device or directory where a file of it belongs (``files.is_plain_file``). A checkpoint is checked against
     its manifest before its trainer entry is read (a damaged one: CheckpointError); each file is hashed once a process.
     """
     if str(source) in PRESETS:

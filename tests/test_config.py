@@ -213,8 +213,7 @@ def test_every_number_has_a_range():
     import dataclasses
     import typing
 
-    from ladder_train.config import Config
-    from ladder_train.config import field_rules
+    from ladder_train.config import Config, field_rules
 
     ruled = {key for key, rule in field_rules(Config) if "check" in rule}
     spanning = {"model." + k for k in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim")}
@@ -240,8 +239,7 @@ def test_a_learning_rate_of_zero_and_no_weight_decay_stay_valid():
 
 
 def test_each_fields_choices_and_range_sit_beside_the_field_and_are_checked():
-    from ladder_train.config import Config
-    from ladder_train.config import field_rules
+    from ladder_train.config import Config, field_rules
 
     rules = dict(field_rules(Config))
     assert rules["model.residual"]["choices"] == ("standard", "parallel", "ladder", "desync")  # ModelArgs' own field

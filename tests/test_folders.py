@@ -16,13 +16,9 @@ import pytest
 from cli_errors import planted_fifo
 
 from ladder_train.errors import InputError
-from ladder_train.folders import (
-    LockHeld,
+from ladder_train.files import (
     copy_to,
-    folder_kind,
     is_plain_file,
-    lock_folder,
-    lock_holder,
     make_folder,
     open_to_write,
     remove_written,
@@ -30,6 +26,8 @@ from ladder_train.folders import (
     replace_written,
     write_text,
 )
+from ladder_train.folder_lock import LockHeld, lock_folder, lock_holder
+from ladder_train.folders import folder_kind
 
 NAME = "x.lock"
 

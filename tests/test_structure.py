@@ -120,7 +120,7 @@ FLOORS = {
     **dict.fromkeys(["train", "evaluation", "bench", "predict", "report", "study", "demo", "export"], WORK),
     "completion": WORK,
     **dict.fromkeys(["data", "checkpoint", "parallel", "inference", "loading", "plots", "lifetime"], SERVICES),
-    **dict.fromkeys(["model", "hf", "config", "config_checks", "errors", "paper", "folders"], GROUND),
+    **dict.fromkeys(["model", "hf", "config", "errors", "paper", "folders", "files", "folder_lock"], GROUND),
     **dict.fromkeys(["gpu_cards", "bench_schema", "option_errors"], GROUND),
 }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..folders import refuse_link
+from ..files import refuse_link
 
 
 def trace_generations(folder: str, entries: list, batch: int, device, generate: Callable) -> Path:

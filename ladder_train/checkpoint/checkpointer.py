@@ -34,15 +34,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ..config import CheckpointConfig
-from ..folders import (
-    COMPLETE_MARKER,
-    complete_checkpoints,
-    folder_kind,
-    make_folder,
-    refuse_link,
-    remove_written_tree,
-    write_text,
-)
+from ..files import make_folder, refuse_link, remove_written_tree, write_text
+from ..folders import COMPLETE_MARKER, complete_checkpoints, folder_kind
 from ..parallel import together
 from .integrity import (
     CheckpointError,

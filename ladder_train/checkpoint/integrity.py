@@ -1,7 +1,7 @@
 """Whether a checkpoint's files are intact (``MANIFEST.json``: sha256 and size of every file, written before the
 ``COMPLETE`` marker, checked on every load; which ``step-N`` folders are complete is ``folders.complete_checkpoints``). Failures are one-line CheckpointErrors naming the folder and the previous complete one; a FIFO,
 device or directory where the manifest or a file it lists belongs is an InputError naming it, found before any file
-is opened (``folders.is_plain_file``)."""
+is opened (``files.is_plain_file``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..errors import RunFailed
-from ..folders import COMPLETE_MARKER, complete_checkpoints, is_file_name, is_plain_file, step_number, write_text
+from ..files import is_file_name, is_plain_file, write_text
+from ..folders import COMPLETE_MARKER, complete_checkpoints, step_number
 
 MANIFEST = "MANIFEST.json"
 

@@ -2,7 +2,7 @@
 types and tensors. Read without running code: DCP's own readers unpickle ``.metadata`` and every non-tensor
 entry with ``pickle`` / ``torch.load(weights_only=False)``; here both go through restricted loaders that build
 only plain containers, tensors and DCP's metadata classes. Nothing is opened before it is known to be a regular
-file inside the folder (``folders.is_plain_file``): a FIFO or device there is refused in one line, never waited on."""
+file inside the folder (``files.is_plain_file``): a FIFO or device there is refused in one line, never waited on."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from ..errors import InputError
-from ..folders import DCP_METADATA, is_file_name, is_plain_file, step_number
+from ..files import is_file_name, is_plain_file
+from ..folders import DCP_METADATA, step_number
 from .integrity import (
     checkpoint_failure,
     first_line,

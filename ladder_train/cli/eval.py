@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..evaluation.adapter import EvalError
 from ..evaluation.task_registry import LOCAL_TASKS, PAPER_TASKS
-from ..folders import write_text
+from ..files import write_text
 from .args import Parser, positive_int
 
 DESCRIPTION = f"""Evaluate a Hugging Face Llama folder (an export written by ladder-export, or a pretrained Llama) on

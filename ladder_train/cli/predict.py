@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import InputError
-from ..folders import open_to_write
+from ..files import open_to_write
 from ..option_errors import OptionError
 from ..predict.predictions import PredictOptions
 from .args import Parser, int_list, model_overrides, names, non_negative_float, non_negative_int, positive_int

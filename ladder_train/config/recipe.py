@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import ConfigError
-from ..folders import write_text
+from ..files import write_text
 from ..model import PRESETS, ModelArgs
 from .data import DataConfig
 from .model import ModelConfig

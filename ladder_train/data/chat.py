@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
-from ..folders import TOKENIZER_CONFIG, is_plain_file, token_text
+from ..files import is_plain_file
+from ..folders import TOKENIZER_CONFIG
+from .model_files import token_text
 
 
 @dataclass(frozen=True)

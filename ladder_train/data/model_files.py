@@ -7,16 +7,15 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import InputError
+from ..files import is_plain_file
 from ..folders import (
     CHECKPOINT_KINDS,
     CONFIG_JSON,
     GENERATION_CONFIG,
     TOKENIZER_CONFIG,
     folder_kind,
-    is_plain_file,
     read_optional_json,
     run_config_path,
-    token_text,
 )
 
 
@@ -66,3 +65,10 @@ def stop_tokens(folder: Path, tokenizer, vocab_size: int) -> tuple[list[int], st
             return ids, f"{' or '.join(str(tokenizer.id_to_token(i)) for i in ids)} (eos_token_id of {name})"
     token_id = tokenizer.token_to_id("<|endoftext|>")
     return ([], "none") if token_id is None else ([token_id], "<|endoftext|> (in the vocabulary)")
+
+
+def token_text(token) -> str:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(token, dict):
+        return token.get("content", "")
+    return token or ""

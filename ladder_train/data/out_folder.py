@@ -5,7 +5,7 @@ folder or the leftovers of an unfinished prepare only with ``--overwrite``, whic
 (:data:`OWN_FILES`, the parts in ``.parts/``) and nothing else: a file of another name beside them stays, and
 one inside ``.parts/`` stops the prepare before any work.
 
-While a prepare works it holds ``OUT_DIR/.ladder-data.lock`` (folders.lock_folder, the trainer's run.dir lock too):
+While a prepare works it holds ``OUT_DIR/.ladder-data.lock`` (folder_lock.lock_folder, the trainer's run.dir lock too):
 a second prepare into the folder is refused in one line naming the holder. The kernel drops the lock when its process
 dies, however it dies, so a lock file left by a killed prepare blocks nothing; the file is removed on a normal exit.
 A link planted where the lock file, ``.parts/`` or one of prepare's files belongs is refused in one line
@@ -21,7 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import DataError
-from ..folders import TOKEN_FOLDER_META, LockHeld, lock_folder, lock_holder, refuse_link, remove_written
+from ..files import refuse_link, remove_written
+from ..folder_lock import LockHeld, lock_folder, lock_holder
+from ..folders import TOKEN_FOLDER_META
 from .token_files import OFFSETS_NAME, TOKENS_NAME
 
 PARTS = ".parts"  # the folder's scratch space while it is being written
@@ -100,7 +102,7 @@ def remove_parts(out: Path) -> None:
 
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
-    """Hold ``out``'s lock for the block (folders.lock_folder), or raise DataError naming the folder and the holder;
+    """Hold ``out``'s lock for the block (folder_lock.lock_folder), or raise DataError naming the folder and the holder;
     the lock file is removed at the end."""
     try:
         lock = lock_folder(out, LOCK_NAME, "ladder-data prepare into it")

@@ -37,7 +37,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import DataError
-from ..folders import TOKEN_FOLDER_META, replace_written, write_text
+from ..files import replace_written, write_text
+from ..folders import TOKEN_FOLDER_META
 
 TOKENS_NAME = "tokens.bin"
 OFFSETS_NAME = "offsets.bin"

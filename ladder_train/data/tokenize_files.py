@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from ..errors import DataError
-from ..folders import open_to_write, remove_written, replace_written
+from ..files import open_to_write, remove_written, replace_written
 from .out_folder import PARTS, check_contents, check_out_dir, locked, remove_parts
 from .packing import check_documents, document_groups, document_ids
 from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message

@@ -12,7 +12,8 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from ..errors import DataError
-from ..folders import TOKENIZER_FILE, is_plain_file
+from ..files import is_plain_file
+from ..folders import TOKENIZER_FILE
 from .model_files import checkpoint_run_config
 from .sources import note
 

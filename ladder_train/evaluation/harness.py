@@ -20,7 +20,7 @@ import lm_eval
 from datasets.exceptions import DatasetNotFoundError
 from lm_eval.utils import handle_non_serializable
 
-from ..folders import write_text
+from ..files import write_text
 from ..model.presets import PRESETS
 from .adapter import EvalError, LadderLM
 from .results import averages, format_table, paper_results, summarize

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..checkpoint.integrity import verify_checkpoint
+from ..data.model_files import token_text
 from ..data.tokenizer import eos_id, model_tokenizer
-from ..folders import TOKENIZER_CONFIG, folder_kind, read_optional_json, run_config_path, token_text
+from ..folders import TOKENIZER_CONFIG, folder_kind, read_optional_json, run_config_path
 from ..loading import load_model, model_from_checkpoint, resolve_source
 from ..model import Transformer
 from ..model.hf_format import INDEX_FILE, WEIGHTS_FILE, hf_config

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lm_eval.tasks import TaskManager
 
-from ..folders import write_text
+from ..files import write_text
 from ..paper import PAPER_TASKS
 from .adapter import EvalError
 

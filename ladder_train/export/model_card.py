@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from ..folders import is_plain_file, write_text
+from ..files import is_plain_file, write_text
 from ..model import ModelArgs
 from ..model.hf_format import is_llama
 

@@ -19,7 +19,9 @@ import torch
 from ..checkpoint import read_trainer_state
 from ..config import load_config
 from ..data import load_tokenizer, run_tokenizer_config_folder, stop_tokens
+from ..data.model_files import token_text
 from ..errors import DataError, InputError
+from ..files import copy_to, is_plain_file, refuse_link, remove_written, write_text
 from ..folders import (
     COMPLETE_MARKER,
     CONFIG_JSON,
@@ -27,16 +29,10 @@ from ..folders import (
     TOKENIZER_CONFIG,
     TOKENIZER_FILE,
     complete_checkpoints,
-    copy_to,
     folder_kind,
-    is_plain_file,
     read_optional_json,
-    refuse_link,
-    remove_written,
     run_config_path,
     step_number,
-    token_text,
-    write_text,
 )
 from ..hf import MODEL_FILES
 from ..loading import load_model, model_from_checkpoint

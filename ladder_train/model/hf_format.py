@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..folders import INDEX_FILE, WEIGHTS_FILE, copy_to, is_file_name, is_plain_file, refuse_link, write_text
+from ..files import copy_to, is_file_name, is_plain_file, refuse_link, write_text
+from ..folders import INDEX_FILE, WEIGHTS_FILE
 from ..hf import ARCHITECTURE as LADDER_ARCHITECTURE
 from ..hf import AUTO_MAP, model_file_paths
 from ..hf import MODEL_TYPE as LADDER_MODEL_TYPE

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import InputError
-from ..folders import is_plain_file
+from ..files import is_plain_file
 from .modules import ROPE_SCALING_KEYS
 from .transformer import RESIDUAL_LAYOUTS, ModelArgs
 

@@ -21,7 +21,7 @@ import platform
 import statistics
 import time
 
-from ..folders import write_text
+from ..files import write_text
 from ..option_errors import OptionError
 
 PROG = "ladder-predict calibrate"

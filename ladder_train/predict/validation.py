@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError, RunFailed
-from ..folders import remove_written, write_text
+from ..files import remove_written, write_text
 from ..lifetime import ends_with_this_process
 from ..model import PAPER_LAYOUTS
 from ..option_errors import OptionError, check_layouts

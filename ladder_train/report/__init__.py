@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..bench_schema import read_bench
 from ..config import ConfigError
-from ..folders import write_text
+from ..files import write_text
 from ..option_errors import OptionError
 from ..study import Group, default_baseline, group_runs, seeded, sweeps
 from .layout_chart import layout_section

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import load_config
 from ..errors import InputError, Preempted, RunFailed
-from ..folders import copy_to, make_folder, open_to_write, refuse_link
+from ..files import copy_to, make_folder, open_to_write, refuse_link
 from ..lifetime import PREEMPTION_SIGNALS, ends_with_this_process
 from .grid import Point, fixed_overrides, grid
 

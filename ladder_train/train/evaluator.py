@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from ..checkpoint import Checkpointer
 from ..config import Config
-from ..folders import make_folder
+from ..files import make_folder
 from ..loading import model_from_state
 from ..model import ModelArgs, Transformer
 from ..parallel import RankEnv, together

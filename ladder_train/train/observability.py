@@ -30,7 +30,7 @@ import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from ..config import Config, ProfileConfig, to_dict
-from ..folders import make_folder, open_to_write, refuse_link
+from ..files import make_folder, open_to_write, refuse_link
 from ..gpu_cards import peak_flops_for
 
 # -- every step's figures ----------------------------------------------------------------------------------------------

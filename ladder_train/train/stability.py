@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..config import TrainConfig
 from ..errors import InputError, RunFailed
-from ..folders import replace_written, write_text
+from ..files import replace_written, write_text
 
 SKIP_FILE = "skip_batches.json"  # in RUN_DIR: {"batches": [global batch numbers, 1-based], "spikes": [...]}
 MIN_RELATIVE_STD = 0.01  # the z-score's standard deviation is at least 1 % of the window's mean

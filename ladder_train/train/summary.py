@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
-from ..folders import replace_written, write_text
+from ..files import replace_written, write_text
 
 SUMMARY = "summary.json"
 

@@ -24,7 +24,9 @@ from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
 from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
-from ..folders import FolderLock, LockHeld, lock_folder, refuse_link, refuse_step_links
+from ..files import refuse_link
+from ..folder_lock import FolderLock, LockHeld, lock_folder
+from ..folders import refuse_step_links
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -62,7 +64,7 @@ class RunDirLocked(RunFailed):
 
 
 def lock_run_dir(run_dir: Path) -> FolderLock:
-    """Take ``RUN_DIR/run.lock`` for this process (folders.lock_folder: released when the process dies, not held
+    """Take ``RUN_DIR/run.lock`` for this process (folder_lock.lock_folder: released when the process dies, not held
     by data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock, a file the trainer
     writes (RUN_FILES), a folder wandb or TensorBoard makes (LIBRARY_FOLDERS), an export's folder (RUN_DIR/export,
     its step-N) or the eval results' folder is a link. The lock lasts until the returned lock is closed: one

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ladder_train.errors import EXIT_BAD_INPUT, InputError
-from ladder_train.folders import write_text
+from ladder_train.files import write_text
 
 from .manifest import DOCS, TABLES, MissingData
 
