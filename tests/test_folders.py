@@ -52,7 +52,7 @@ def test_a_second_lock_in_this_process_is_refused_naming_the_holder_and_close_re
 HOLD = """
 import sys
 from pathlib import Path
-from ladder_train.folders import lock_folder
+from ladder_train.folder_lock import lock_folder
 lock = lock_folder(Path(sys.argv[1]), sys.argv[2], "test")
 print("held", flush=True)
 sys.stdin.read()
