@@ -1,4 +1,4 @@
-"""ladder-bench's and benchmarks.gpu_check's bad input: one line naming the culprit, exit 2, before any work. A
+"""ladder-bench's and ladder-predict's --set shapes: one line naming the culprit, exit 2, before any work. A
 preset's ``--set`` values meet the same checks as a model folder's fields (model/shape_checks.py), the checks
 ladder-train's config refuses them by."""
 
@@ -35,3 +35,9 @@ def test_bench_refuses_a_bad_set_shape_before_any_rank_runs(item, named, capsys,
 @pytest.mark.parametrize("item,key", [(i, i.partition("=")[0]) for i, _ in BAD_SHAPES[:-1]])
 def test_ladder_train_refuses_the_same_shapes(item, key, capsys, monkeypatch):
     assert_bad_input("ladder-train", ["--dry-run", "model.preset=tiny", f"model.{item}"], key, capsys, monkeypatch)
+
+
+@pytest.mark.parametrize("item,named", BAD_SHAPES)
+def test_ladder_predict_refuses_the_same_shapes_with_the_same_check(item, named, capsys, monkeypatch):
+    argv = ["--model", "tiny", "--set", item, "--tp", "1", "--batch-sizes", "1"]
+    assert_bad_input("ladder-predict", argv, f"preset tiny: {named}", capsys, monkeypatch)

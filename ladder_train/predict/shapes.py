@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model.hf_format import args_from_hf_config
-from ..model.shape_checks import read_json_object
+from ..model.shape_checks import FLOAT_FIELDS, SIZE_FIELDS, check_model_fields, read_json_object
 from ..model.transformer import ModelArgs
 from ..option_errors import OptionError, layout_fields
 
@@ -74,15 +74,11 @@ class Shape:
 
 
 def shape_from_fields(name: str, fields: dict, tied: bool, origin: str) -> Shape:
-    """A Shape from ModelArgs-named fields (others are ignored); ``origin`` names the file or row in errors."""
-    need = ("n_layers", "dim", "n_heads", "ffn_dim", "vocab_size")
-    for key in need:
-        value = fields.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(f"{origin}: {key} must be a positive integer, got {value!r}")
+    """A Shape from ModelArgs-named fields (others are ignored); ``origin`` names the file or row in errors. The sizes
+    and the numbers are checked as a model folder's are (``model/shape_checks.check_model_fields``: the check
+    ladder-bench's ``--set`` meets too), the hybrid layer counts against n_layers."""
+    check_model_fields({k: fields[k] for k in CHECKED_FIELDS if fields.get(k) is not None}, origin)
     kv = fields.get("n_kv_heads") or fields["n_heads"]
-    if fields["dim"] % fields["n_heads"] or fields["n_heads"] % kv:
-        raise InputError(f"{origin}: n_heads={fields['n_heads']} must divide dim and be a multiple of n_kv_heads={kv}")
     ladder_layers = fields.get("ladder_layers")
     if ladder_layers is not None and not 0 <= ladder_layers <= fields["n_layers"]:
         raise InputError(f"{origin}: ladder_layers={ladder_layers} not in 0..n_layers={fields['n_layers']}")
@@ -94,6 +90,7 @@ def shape_from_fields(name: str, fields: dict, tied: bool, origin: str) -> Shape
 
 
 TIME_NEUTRAL = ("max_seq_len", "rope_theta", "norm_eps", "init_std")  # ModelArgs fields that cost nothing
+CHECKED_FIELDS = (*SIZE_FIELDS, *FLOAT_FIELDS)  # a shape's sizes and numbers, checked whatever their cost
 SHAPE_FIELDS = ("n_layers", "dim", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "ladder_layers", "desync_layers")
 
 
@@ -103,6 +100,7 @@ def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict
     replace (as ladder-bench's)."""
     from ..model.presets import PRESETS
 
+    neutral = {k: v for k, v in (overrides or {}).items() if k in TIME_NEUTRAL}  # checked, then left out
     extra = {k: v for k, v in (overrides or {}).items() if k not in TIME_NEUTRAL}
     for key in extra:
         if key not in SHAPE_FIELDS:
@@ -115,9 +113,12 @@ def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict
     if extra:
         name += ":" + ",".join(f"{k}={v}" for k, v in extra.items())
     if source in PRESETS:
+        check_model_fields({**PRESETS[source], **neutral}, f"preset {source}")
         return shape_from_fields(name, {**PRESETS[source], **extra}, True, f"preset {source}")
     if source in LLAMA_SHAPES:
-        return shape_from_fields(name, {"vocab_size": LLAMA_VOCAB, **LLAMA_SHAPES[source], **extra}, False, source)
+        fields = {"vocab_size": LLAMA_VOCAB, **LLAMA_SHAPES[source]}
+        check_model_fields({**fields, "tie_embeddings": False, **neutral}, source)
+        return shape_from_fields(name, {**fields, **extra}, False, source)
     path = Path(source)
     if path.is_dir():
         path = path / "config.json"
@@ -129,6 +130,7 @@ def resolve_shape(source: str, ladder_layers: int | None = None, overrides: dict
             known=known,
         )
     args = _hf_args(path)
+    check_model_fields({**{key: getattr(args, key) for key in CHECKED_FIELDS}, **neutral}, str(path))
     fields = {key: getattr(args, key) for key in SHAPE_FIELDS}
     fields["ladder_layers"] = args.ladder_layers if args.residual == "ladder" else None
     label = path.parent.name or str(path)
