@@ -108,8 +108,8 @@ def check_figures(row: dict, where: str, times=(), counts=(), names=(), prefix: 
 def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
     """The rows of a JSON lines file of ladder-bench's (or benchmarks/gpu_check.py's) rows, each with ``WHERE``
     (``FILE:LINE``) for messages. A missing file, a line that is not a JSON object (NaN and infinities are not JSON),
-    a row without one of the keys ``need``, or a ladder-bench row (one without ``kind``) whose figure is not a positive
-    number (``check_figures``) is an InputError of one line naming the file and the line."""
+    a row without one of the keys ``need`` (or null there), or a ladder-bench row (one without ``kind``) whose figure
+    is not a positive number (``check_figures``) is an InputError of one line naming the file and the line."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"benchmark results {path}: no such file")
@@ -126,9 +126,9 @@ def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
             raise InputError(f"{where}: not a JSON line ({err})") from None
         if not isinstance(row, dict):
             raise InputError(f"{where}: not a JSON object (a {type(row).__name__}: {line.strip():.40})")
-        missing = [key for key in need if key not in row]
+        missing = [key for key in need if row.get(key) is None]
         if missing:
-            raise InputError(f"{where}: missing key {missing[0]!r} (not a ladder-bench row?)")
+            raise InputError(f"{where}: missing key {missing[0]!r} or null (not a ladder-bench row?)")
         if "kind" not in row:  # a ladder-bench row; gpu_check's rows are checked by the kind that reads them
             check_figures(row, where, TIMES, COUNTS, NAMES)
             if isinstance(row.get("none"), dict):

@@ -143,3 +143,10 @@ def test_the_mem_eff_label_says_where_each_cards_figure_comes_from(tmp_path):
     )
     fitted_on_h200 = [row for row in fit.table_rows(result) if row[1].startswith("h200")][0]
     assert fitted_on_h200[5] == f"{profile:.3f}"  # the h200 rows predicted with its profile's mem_eff, as labelled
+
+
+@pytest.mark.parametrize("row", [{}, {"layout": "standard", "batch": 1}, {**BENCH_ROW, "tokens_per_s": None}])
+def test_ladder_report_refuses_a_row_without_what_its_table_reads(row, tmp_path, capsys, monkeypatch):
+    path = write_lines(tmp_path / "rows.jsonl", json.dumps(BENCH_ROW), json.dumps(row))
+    named = (f"{path}:2", "missing key", "or null")
+    assert_each_refuses(tmp_path, path, named, capsys, monkeypatch, only=("report",))

@@ -22,6 +22,7 @@ from .layout_chart import layout_section
 from .runs import Run, read_run
 from .study import comparison_section, plot_paired_validation, seeds_section, sweep_section
 from .tables import markdown_table, plot_loss, plot_lr, results_table, runs_table
+from .tp_bench import NEEDED as BENCH_NEEDED
 from .tp_bench import bench_section
 
 __all__ = ["Run", "find_runs", "read_run", "write_report"]
@@ -60,7 +61,7 @@ def write_report(
     groups = group_runs(runs)
     if baseline is not None:
         _baseline(_compared(groups), baseline)
-    bench_rows = [row for path in bench_files for row in read_bench(path)]
+    bench_rows = [row for path in bench_files for row in read_bench(path, need=BENCH_NEEDED)]
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# ladder-train report", ""]
     if runs:

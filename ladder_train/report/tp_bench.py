@@ -9,6 +9,9 @@ from ..plots import new_figure, save_figure
 from . import link_sweep
 from .tables import markdown_table
 
+# what every row of the section is read for (its table and plot): without one, a row is refused as it is read
+NEEDED = ("layout", "batch", "tokens_per_s", "decode_ms_per_token")
+
 
 def plot_bench(rows: list[dict], out: Path) -> Path:
     """Decode tokens/s per batch size: a bar per layout, and a marker for its no-communication ceiling."""
