@@ -65,7 +65,8 @@ def studies(args: argparse.Namespace, work: Path):
         recipe, *overrides = shlex.split(text)
         name = Path(dict(x.split("=", 1) for x in fixed_overrides(overrides)).get("run.dir", "study")).name
         kept = [x for x in overrides if not x.startswith("run.dir=")]  # the runs live in the work folder
-        found.append((name, Study(recipe, [*kept, f"run.dir={work / name}"]), recipe))
+        given = [*machine_overrides(recipe, args.tiny, args.set), *args.set]  # each point's run, beyond its own
+        found.append((name, Study(recipe, [*kept, f"run.dir={work / name}"], given), recipe))
     return found
 
 
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         refuse_link(summary_file)  # before the runs, not once they are over
         make_folder(logs)
         found = studies(args, work)
-        extras = {name: [*machine_overrides(recipe, args.tiny, args.set), *args.set] for name, _, recipe in found}
+        extras = {name: study.given for name, study, _ in found}
     except (ConfigError, InputError, SystemExit) as err:
         shutil.rmtree(work, ignore_errors=True)
         raise SystemExit(str(err) if isinstance(err, SystemExit) else f"gpu_study: error: {err}") from None

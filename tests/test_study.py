@@ -16,7 +16,7 @@ from cli_errors import someones_folder, untouched
 from fabricate import fabricate_run
 
 from ladder_train.cli import main as cli_main
-from ladder_train.config import ConfigError
+from ladder_train.config import ConfigError, load_config, save_config
 from ladder_train.errors import Preempted
 from ladder_train.study import runner
 from ladder_train.study.grid import NAME_BYTES, folder_name, grid, split_values
@@ -89,11 +89,19 @@ def test_a_point_name_longer_than_a_file_name_may_be_is_cut_and_keeps_its_hash()
     assert folder_name(("x=" + "a" * 300,)) != folder_name(("x=" + "a" * 301,))
 
 
+def own_config(study: Path, overrides: list[str], index: int, recipe: str = SMOKE) -> Path:
+    """Point ``index``'s folder with the config.yaml its trainer writes as it starts (the study's run there)."""
+    point = grid(overrides)[index]
+    save_config(load_config(recipe, point.run_overrides(study)), point.run_dir(study) / "config.yaml")
+    return point.run_dir(study)
+
+
 def test_dry_run_lists_the_points_their_state_and_the_array_line(tmp_path, capsys):
     study = tmp_path / "s"
     argv = ["study", "--config", SMOKE, "model.residual=standard,parallel,ladder", "run.seed=0,1", f"run.dir={study}"]
-    (study / "model.residual=parallel,run.seed=1").mkdir(parents=True)
+    own_config(study, argv[3:], 3)
     (study / "model.residual=parallel,run.seed=1" / "summary.json").write_text('{"finished": true}')
+    own_config(study, argv[3:], 4)
     (study / "model.residual=ladder,run.seed=0" / "checkpoints" / "step-40").mkdir(parents=True)
     assert cli_main([*argv, "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -435,10 +443,10 @@ def test_collect_copies_the_finished_points_small_results_and_nothing_else(tmp_p
     study = tmp_path / "s"
     argv = ["study", "--config", SMOKE, "model.residual=standard,ladder", f"run.dir={study}"]
     done, running = study / "model.residual=standard", study / "model.residual=ladder"
-    for run in (done, running):
+    for index, run in enumerate((done, running)):
         (run / "checkpoints" / "step-4").mkdir(parents=True)
         (run / "checkpoints" / "step-4" / "model.distcp").write_bytes(b"weights")
-        (run / "config.yaml").write_text("run: {}\n")
+        own_config(study, argv[3:4], index)
         (run / "metrics.jsonl").write_text('{"step": 4, "loss": 1.0}\n')
     (done / "summary.json").write_text('{"finished": true, "step": 4}\n')
     (done / "eval").mkdir()

@@ -141,7 +141,8 @@ def cmd_study(argv: list[str]) -> int:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="with --collect: write into point folders that hold other files too (those stay)",
+        help="with --collect: write into point folders that hold other files (those stay) or another run's results "
+        "(replaced)",
     )
     args = parser.parse_args(argv)
     if args.config is None:

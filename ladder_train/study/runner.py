@@ -1,6 +1,8 @@
 """Running a study's points: one after another on this machine (a finished run is skipped, a cut-off one resumes
 from its newest checkpoint), or one point per Slurm array task (``slurm/study.sh`` asks ``--point I`` for the
-overrides of its point). Every point's config is checked before the first run starts.
+overrides of its point). Every point's config is checked before the first run starts, and so is every point
+folder that already holds a run: a run of another config there (another recipe, the recipe edited since) is refused,
+never skipped as finished, resumed or collected as this study's (``identity.py``).
 
 A study stops as a trainer does: SIGINT, SIGTERM, SIGUSR1 or SIGHUP to the study's pid asks its running trainer to
 save a checkpoint and stop (SIGTERM to the trainer), starts no further point, and exits with the trainer's status
@@ -21,6 +23,7 @@ from ..errors import InputError, Preempted, RunFailed
 from ..files import copy_to, make_folder, open_to_write, refuse_link
 from ..lifetime import PREEMPTION_SIGNALS, ends_with_this_process
 from .grid import Point, fixed_overrides, grid
+from .identity import CONFIG_FILE, foreign_run, identity, refuse_duplicate_points, refuse_foreign_runs
 
 FINISHED_FILE = "summary.json"  # the trainer sets its "finished" when a run reaches its last step
 # what a finished run's figures rest on: kilobytes, committed beside the tables made from them (no weights)
@@ -43,21 +46,32 @@ def status(run_dir: Path) -> str:
 
 
 class Study:
-    """A recipe, the command's overrides, and the points they span."""
+    """A recipe, the command's overrides, and the points they span. ``given``: overrides every point's trainer gets
+    beyond its own that are no part of its folder name (benchmarks/gpu_study.py's for the machine: the dtype, a copied
+    data folder); they are part of each point's identity."""
 
-    def __init__(self, recipe: str, overrides: list[str]):
-        self.recipe = recipe
+    def __init__(self, recipe: str, overrides: list[str], given: list[str] = ()):
+        self.recipe, self.given = recipe, list(given)
         self.points = grid(overrides)
         base = load_config(recipe, fixed_overrides(overrides))
         self.dir = Path(base.run.dir)
-        # every point must make a valid config before any run starts
-        for point in self.points:
-            load_config(recipe, point.run_overrides(self.dir))
+        # every point must make a valid config before any run starts, and no two points one config
+        configs = [load_config(recipe, [*point.run_overrides(self.dir), *self.given]) for point in self.points]
+        self.identities = [identity(cfg) for cfg in configs]
+        refuse_duplicate_points(self.points, self.identities)
+
+    def refuse_foreign_runs(self, points: list[Point] | None = None) -> None:
+        """InputError, one line, when a point's folder holds a run of another config (``identity.py``)."""
+        chosen = self.points if points is None else points
+        refuse_foreign_runs(self.dir, [(p.index, p.run_dir(self.dir), self.identities[p.index]) for p in chosen])
 
     def describe(self, sweep_args: list[str]) -> str:
         lines = [f"study {self.dir}: {len(self.points)} points of {self.recipe}"]
         for point in self.points:
-            lines.append(f"{point.index:>4}  {point.name}  [{status(point.run_dir(self.dir))}]")
+            run_dir = point.run_dir(self.dir)
+            other = foreign_run(run_dir, self.identities[point.index])
+            state = f"holds {other}: refused" if other else status(run_dir)
+            lines.append(f"{point.index:>4}  {point.name}  [{state}]")
         quoted = " ".join(shlex.quote(arg) for arg in sweep_args)
         lines.append(f"Slurm: sbatch --array=0-{len(self.points) - 1} slurm/study.sh {self.recipe} {quoted}")
         return "\n".join(lines)
@@ -67,18 +81,22 @@ class Study:
             raise InputError(
                 f"--point {index}: study {self.dir} has {len(self.points)} points, numbered 0..{len(self.points) - 1}"
             )
+        self.refuse_foreign_runs([self.points[index]])  # its trainer would resume or skip another config's run
         return self.points[index]
 
     def collect(self, dest: Path, overwrite: bool = False) -> list[Path]:
         """Copy each finished point's small results (RESULT_FILES and eval/*.json) to ``dest``/<point>/; points
-        still running are left out. Returns the folders written. A point folder that holds other files is written
-        into only with ``overwrite`` (its other files stay); a link where a copy goes is refused (folders.py's rule);
-        both are checked for every point before any copy."""
+        still running are left out. Returns the folders written. A finished run of another config in the study is
+        refused (it is not this study's result); a point folder in ``dest`` that holds other files, or another run's
+        results (a config.yaml not byte for byte this run's), is written into only with ``overwrite`` (its other files
+        stay); a link where a copy goes is refused (folders.py's rule); all are checked for every point before any
+        copy."""
         # inside the study the copies would land on (or among) the files they are copied from
         if Path(dest).resolve().is_relative_to(self.dir.resolve()):
             raise InputError(
                 f"--collect {dest}: it is inside the study's folder {self.dir}; choose a folder outside it"
             )
+        self.refuse_foreign_runs([point for point in self.points if finished(point.run_dir(self.dir))])
         copies = []
         for point in self.points:
             run_dir = point.run_dir(self.dir)
@@ -97,6 +115,7 @@ class Study:
 
     def run_all(self) -> None:
         """Run the unfinished points in order, until one fails or a signal stops the study (module docstring)."""
+        self.refuse_foreign_runs()  # before any point runs
         stop = _StopRequest()
         previous = {sig: signal.signal(sig, stop.receive) for sig in PREEMPTION_SIGNALS}
         try:
@@ -153,7 +172,7 @@ class Study:
 
 def _check_point_folder(dest: Path, out: Path, files: list[tuple[Path, str]], overwrite: bool) -> None:
     """``--collect``'s point folder ``out`` may take ``files``: no link where a copy or its folder goes, and
-    nothing but collect's own files in it unless ``overwrite``."""
+    nothing but collect's own files of the same run in it unless ``overwrite``."""
     for path in (out, out / "eval", *(out / name for _, name in files)):
         refuse_link(path, "a --collect copy")
     for path in (out, out / "eval"):
@@ -173,6 +192,26 @@ def _check_point_folder(dest: Path, out: Path, files: list[tuple[Path, str]], ov
             f"--collect {dest}: {out} holds files study --collect does not write ({shown}); pass --overwrite to "
             "write its files beside them, or choose another folder"
         )
+    other = _other_results(out, dict((name, path) for path, name in files)[CONFIG_FILE])
+    if other:
+        raise InputError(
+            f"--collect {dest}: {out} holds {other}; pass --overwrite to replace them, or choose another folder"
+        )
+
+
+def _other_results(out: Path, source: Path) -> str | None:
+    """What ``out`` holds when that is another run's results: any of collect's files there, and a config.yaml that is
+    not ``source``, byte for byte (the same run collected again refreshes its copies)."""
+    present = [name for name in RESULT_FILES if (out / name).exists()]
+    present += [f"eval/{p.name}" for p in sorted(out.glob("eval/*.json"))]
+    if not present:
+        return None
+    there = out / CONFIG_FILE
+    if not there.is_file():  # a link there was refused before; a FIFO or folder is not a file
+        return f"results without a {CONFIG_FILE} ({', '.join(present)}), whose run cannot be told"
+    if there.read_bytes() == source.read_bytes():
+        return None
+    return f"another run's results (its {CONFIG_FILE} is not {source}'s)"
 
 
 def _start_trainer(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
