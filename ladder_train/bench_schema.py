@@ -76,40 +76,73 @@ def shape_name(args) -> str:
     return f"L{args.n_layers}-d{args.dim}-h{args.n_heads}-f{args.ffn_dim}-v{args.vocab_size}"
 
 
-# the figures a ladder-bench row's readers compute with (and its ``none``'s), each a positive number where the row has
-# it (null: not measured); the counts, each a positive integer; the names, each a string
-TIMES = ("prefill_ms", "decode_ms_per_token", "tokens_per_s")
-COUNTS = ("batch", "prompt_len", "gen_len", "tp", "runs")
-NAMES = ("model", "layout", "device")
+def _number(value) -> bool:  # NaN and infinities never reach here: the reader refuses them as it parses
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# what a value must be, where a row has it (null: not measured): the words of the rule and its test
+RULES = {
+    "positive": ("a positive number", lambda v: _number(v) and v > 0),
+    "non-negative": ("a number >= 0", lambda v: _number(v) and v >= 0),
+    "number": ("a number", _number),
+    "count": ("a positive integer", lambda v: _integer(v) and v > 0),
+    "non-negative count": ("an integer >= 0", lambda v: _integer(v) and v >= 0),
+    "text": ("a string", lambda v: isinstance(v, str)),
+    "flag": ("true or false", lambda v: isinstance(v, bool)),
+    "object": ("an object", lambda v: isinstance(v, dict)),
+    "samples": ("a list of positive numbers", lambda v: isinstance(v, list) and all(_number(x) and x > 0 for x in v)),
+}
+# a distribution over the timed runs (bench/results.py ``distribution``), field by field; an object's fields are
+# checked as a mapping of them says
+DISTRIBUTION = {key: "positive" for key in ("p50", "p90", "p99", "mean")} | {"sd": "non-negative", "samples": "samples"}
+_MEASURED = {key: "positive" for key in ("prefill_ms", "decode_ms_per_token", "tokens_per_s")}
+_MEASURED |= {key: DISTRIBUTION for key in ("ttft_ms", "tpot_ms", "tokens_per_s_runs")}
+# what every figure of a ladder-bench row a reader computes with or prints must be (FIELDS says what each means)
+BENCH_ROW = {
+    **_MEASURED,
+    "none": _MEASURED,
+    **{key: "count" for key in ("batch", "prompt_len", "gen_len", "tp", "runs")},
+    **{key: "non-negative count" for key in ("warmup", "all_reduces_per_decode_step", "compilations")},
+    **{key: "text" for key in ("model", "shape", "layout", "device", "dtype", "link")},
+    "model_args": "object",
+    "module_ms": {"attention": "non-negative", "mlp": "non-negative"},
+    **{key: "positive" for key in ("weight_bytes_per_rank", "decode_weight_read_gb_s", "link_bandwidth_gbs")},
+    **{key: "positive" for key in ("speedup_vs_standard", "decode_speedup_vs_standard")},
+    "ceiling_decode_speedup_vs_standard": "positive",
+    **{key: "number" for key in ("comm_share", "overlap_efficiency")},
+    **{key: "non-negative" for key in ("peak_memory_gib", "emulated_link_latency_ms")},
+    **{key: "flag" for key in ("compiled", "gemv_tuning")},
+}
+
+
+def check_fields(row: dict, where: str, kinds: dict, prefix: str = "") -> None:
+    """Each field of ``kinds`` in ``row`` what its kind (``RULES``, or a mapping: an object whose fields are checked
+    the same way) says, where the row has it (null: not measured); else an InputError of one line
+    ``where: key=value: must be ...``."""
+    for key, kind in kinds.items():
+        value = row.get(key)
+        if value is None:
+            continue
+        rule, test = RULES["object"] if isinstance(kind, dict) else RULES[kind]
+        if not test(value):
+            raise InputError(f"{where}: {prefix}{key}={value!r:.60}: must be {rule}")
+        if isinstance(kind, dict):
+            check_fields(value, where, kind, f"{prefix}{key}.")
 
 
 def _not_json(constant: str):
     raise ValueError(f"{constant} is not a number JSON allows")
 
 
-def check_figures(row: dict, where: str, times=(), counts=(), names=(), prefix: str = "") -> None:
-    """Each of ``times`` in ``row`` a finite positive number, each of ``counts`` a positive integer, each of ``names``
-    a string, where the row has it (null: not measured); else an InputError of one line ``where: key=value: ...``."""
-    for key in (*times, *counts, *names):
-        value = row.get(key)
-        if value is None:
-            continue
-        if key in names:
-            ok, rule = isinstance(value, str), "a string"
-        elif key in counts:
-            ok, rule = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
-        else:  # NaN and infinities never reach here: the reader refuses them as it parses
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-            rule = "a positive number"
-        if not ok:
-            raise InputError(f"{where}: {prefix}{key}={value!r:.60}: must be {rule}")
-
-
 def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
     """The rows of a JSON lines file of ladder-bench's (or benchmarks/gpu_check.py's) rows, each with ``WHERE``
     (``FILE:LINE``) for messages. A missing file, a line that is not a JSON object (NaN and infinities are not JSON),
     a row without one of the keys ``need`` (or null there), or a ladder-bench row (one without ``kind``) whose figure
-    is not a positive number (``check_figures``) is an InputError of one line naming the file and the line."""
+    is not a positive number (``check_fields``) is an InputError of one line naming the file and the line."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"benchmark results {path}: no such file")
@@ -130,9 +163,7 @@ def read_bench(path: str | Path, need: tuple[str, ...] = ()) -> list[dict]:
         if missing:
             raise InputError(f"{where}: missing key {missing[0]!r} or null (not a ladder-bench row?)")
         if "kind" not in row:  # a ladder-bench row; gpu_check's rows are checked by the kind that reads them
-            check_figures(row, where, TIMES, COUNTS, NAMES)
-            if isinstance(row.get("none"), dict):
-                check_figures(row["none"], where, TIMES, prefix="none.")
+            check_fields(row, where, BENCH_ROW)
         row[WHERE] = where
         rows.append(row)
     return rows

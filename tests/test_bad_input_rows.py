@@ -88,6 +88,36 @@ def test_a_bench_row_figure_that_is_not_a_positive_number_is_refused(key, value,
     assert_each_refuses(tmp_path, path, (f"{path}:2", f"{key}={value!r}", rule), capsys, monkeypatch)
 
 
+NESTED = [
+    ("none", 5, "none=5", "must be an object"),
+    ("ttft_ms", 3, "ttft_ms=3", "must be an object"),
+    ("tpot_ms", {"p50": "x"}, "tpot_ms.p50='x'", "must be a positive number"),
+    ("tokens_per_s_runs", {"samples": "ab"}, "tokens_per_s_runs.samples='ab'", "must be a list of positive numbers"),
+    ("module_ms", 1, "module_ms=1", "must be an object"),
+    ("emulated_link_latency_ms", "1", "emulated_link_latency_ms='1'", "must be a number >= 0"),
+    ("link_bandwidth_gbs", -1, "link_bandwidth_gbs=-1", "must be a positive number"),
+    ("speedup_vs_standard", "1", "speedup_vs_standard='1'", "must be a positive number"),
+    ("comm_share", "x", "comm_share='x'", "must be a number"),
+    ("compiled", "yes", "compiled='yes'", "must be true or false"),
+    ("shape", 5, "shape=5", "must be a string"),
+]
+
+
+@pytest.mark.parametrize("key,value,named,rule", NESTED, ids=[n for _, _, n, _ in NESTED])
+def test_a_bench_row_object_or_figure_of_the_wrong_kind_is_refused(
+    key, value, named, rule, tmp_path, capsys, monkeypatch
+):
+    path = write_lines(tmp_path / "rows.jsonl", json.dumps({**BENCH_ROW, key: value}))
+    assert_each_refuses(tmp_path, path, (f"{path}:1", named, rule), capsys, monkeypatch)
+
+
+def test_a_decode_row_names_a_preset_never_a_file(tmp_path, capsys, monkeypatch):
+    (tmp_path / "config.json").write_text("{}")
+    path = write_lines(tmp_path / "check.jsonl", json.dumps(decode_row(model=str(tmp_path))))
+    named = (f"{path}:1", f"model {str(tmp_path)!r}: not a preset")
+    assert_each_refuses(tmp_path, path, named, capsys, monkeypatch, only=("compare", "fit"))
+
+
 def test_the_no_communication_figures_are_checked_too(tmp_path, capsys, monkeypatch):
     row = {**BENCH_ROW, "none": {**BENCH_ROW["none"], "decode_ms_per_token": -3.0}}
     path = write_lines(tmp_path / "rows.jsonl", json.dumps(row))

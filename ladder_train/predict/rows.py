@@ -10,9 +10,10 @@ import dataclasses
 import statistics
 from pathlib import Path
 
-from ..bench_schema import WHERE, check_figures, read_bench
+from ..bench_schema import WHERE, check_fields, read_bench
 from ..errors import InputError
 from ..gpu_cards import card_for
+from ..model import PRESETS
 from .hardware import Device
 from .shapes import resolve_shape
 
@@ -20,8 +21,14 @@ from .shapes import resolve_shape
 BENCH_KEYS = ("layout", "batch", "prompt_len", "gen_len", "decode_ms_per_token", "tp")
 # gpu_check's decode row (benchmarks/gpu_rows.py decode_row): what a prediction needs
 DECODE_KEYS = ("layout", "model", "n_layers", "batch", "prompt_len", "gen_len", "tpot_ms")
-# a decode row's figures (bench_schema.check_figures): its times, its counts
-DECODE_TIMES, DECODE_COUNTS = ("tpot_ms", "prefill_ms"), ("n_layers", "batch", "prompt_len", "gen_len", "tp")
+# what a decode row's and a ceilings row's fields a prediction reads must be (bench_schema.check_fields)
+DECODE_ROW = {key: "positive" for key in ("tpot_ms", "prefill_ms")}
+DECODE_ROW |= {key: "count" for key in ("n_layers", "batch", "prompt_len", "gen_len", "tp")}
+DECODE_ROW |= {key: "text" for key in ("model", "layout", "device", "dtype")} | {
+    "compiled": "flag",
+    "gemv_tuning": "flag",
+}
+CEILINGS_ROW = {"copy_tb_s_median": "positive"}
 COPIED = ("layout", "batch", "prompt_len", "gen_len", "compiled", "prefill_ms", "device", "gemv_tuning", "dtype")
 
 
@@ -30,7 +37,9 @@ def from_decode_row(row: dict) -> dict:
     missing = [key for key in DECODE_KEYS if row.get(key) is None]
     if missing:
         raise InputError(f"{row[WHERE]}: decode row without {missing[0]!r} (not a gpu_check decode row?)")
-    check_figures(row, row[WHERE], DECODE_TIMES, DECODE_COUNTS, ("model", "layout", "device"))
+    check_fields(row, row[WHERE], DECODE_ROW)
+    if row["model"] not in PRESETS:  # a row names a preset, never a file to read
+        raise InputError(f"{row[WHERE]}: model {row['model']!r}: not a preset ({', '.join(PRESETS)})")
     shape = resolve_shape(row["model"], overrides={"n_layers": row["n_layers"]})
     out = {key: row.get(key) for key in COPIED}
     out.update(model=row["model"], shape=shape.name, model_args=dataclasses.asdict(shape.args))
@@ -57,7 +66,7 @@ def read_rows(path: str | Path) -> tuple[list[dict], list[dict]]:
         elif kind == "decode" and not row.get("error"):
             decode.append(from_decode_row(row))
         elif kind == "ceilings" and not row.get("error"):
-            check_figures(row, row[WHERE], ("copy_tb_s_median",))
+            check_fields(row, row[WHERE], CEILINGS_ROW)
             ceilings.append(row)
     return decode, ceilings
 
