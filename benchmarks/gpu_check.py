@@ -75,7 +75,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from benchmarks.gpu_plan import GPU, LAYOUTS, TINY, Plan, build_parts, data_overrides
+from benchmarks.gpu_plan import GPU, LAYOUTS, TINY, Plan, Refused, build_parts, data_overrides
 from benchmarks.gpu_rows import collect
 from benchmarks.gpu_table import table
 from benchmarks.machine import child_env, ensure_imports, environment, work_folder
@@ -128,10 +128,6 @@ def counted(low: int):
         return value
 
     return parse
-
-
-class Refused(Exception):
-    """Bad input, refused in one line before any part runs (exit 2)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -239,24 +235,23 @@ def refused_setting(plan: Plan) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    started = datetime.datetime.now(datetime.UTC)
     try:
         args = parse_args(argv)
+        site = ensure_imports()
+        if not args.tiny:
+            import torch  # no CUDA context: is_available asks the driver only
+
+            if not torch.cuda.is_available():
+                raise Refused("no CUDA device here; --tiny runs the same parts on the CPU")
+        data = data_overrides(args)
+        refused = refused_setting(Plan(TINY if args.tiny else GPU, Path("work"), Path("logs"), data, args))
+        if refused:
+            raise Refused(refused)
     except Refused as err:
         print(f"gpu_check: error: {err}", file=sys.stderr)
         return 2
-    started = datetime.datetime.now(datetime.UTC)
-    site = ensure_imports()
     mode = TINY if args.tiny else GPU
-    if not args.tiny:
-        import torch  # no CUDA context: is_available asks the driver only
-
-        if not torch.cuda.is_available():
-            raise SystemExit("gpu_check: no CUDA device here; --tiny runs the same parts on the CPU")
-    data = data_overrides(args)
-    refused = refused_setting(Plan(mode, Path("work"), Path("logs"), data, args))
-    if refused:
-        print(f"gpu_check: error: {refused}", file=sys.stderr)
-        return 2
     from ladder_train.bench.environment import invocation_id  # the package: after ensure_imports
     from ladder_train.files import make_folder
 

@@ -17,6 +17,13 @@ from benchmarks.machine import GPU_DIR
 from benchmarks.parts import REPO, Part
 
 SHARED = Path(os.environ.get("LADDER_SHARED", REPO.parent / "shared"))
+
+
+class Refused(Exception):
+    """Bad input, or a machine that lacks what the check needs: one line, ``gpu_check: error: ...``, exit 2, before
+    any part runs."""
+
+
 LAYOUTS = ("standard", "parallel", "ladder")
 
 
@@ -190,8 +197,8 @@ def data_overrides(args: argparse.Namespace) -> list[str]:
     tokens = Path(args.tokens) if args.tokens else GPU_DIR / "tokens"
     tokenizer = Path(args.tokenizer) if args.tokenizer else GPU_DIR / "tokenizer.json"
     if not (tokens / "ladder_tokens.json").is_file() or not tokenizer.is_file():
-        raise SystemExit(
-            f"gpu_check: no token folder at {tokens} or no tokenizer at {tokenizer}: run `bash "
+        raise Refused(
+            f"no token folder at {tokens} or no tokenizer at {tokenizer}: run `bash "
             "benchmarks/gpu_prepare.sh` on the development machine and bring .gpu/ along"
         )
     return [f"data.source={tokens.resolve()}", f"data.tokenizer={tokenizer.resolve()}"]

@@ -389,6 +389,17 @@ def test_a_bad_variant_or_setting_is_refused_before_any_part_runs(tmp_path, monk
     assert not (tmp_path / "R").exists()  # no logs folder, no rows
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_a_gpu_run_without_a_gpu_or_its_token_folder_is_refused_in_one_line(tmp_path, monkeypatch, capsys, cuda):
+    monkeypatch.setattr(check, "run_parts", lambda *args, **kwargs: pytest.fail("a part ran"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert check.main(["--out", str(tmp_path / "R"), "--tokens", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    named = f"no token folder at {tmp_path / 'nowhere'}" if cuda else "no CUDA device here"
+    assert len(err) == 1 and err[0].startswith("gpu_check: error: ") and named in err[0], err
+    assert not (tmp_path / "R").exists()
+
+
 @pytest.mark.parametrize("inside", ["", "sub"])
 def test_an_out_that_is_a_file_or_inside_one_is_refused_before_any_part_runs(tmp_path, monkeypatch, capsys, inside):
     monkeypatch.setattr(check, "run_parts", lambda *args, **kwargs: pytest.fail("a part ran"))
