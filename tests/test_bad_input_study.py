@@ -242,3 +242,25 @@ def test_two_points_of_one_config_are_refused_naming_both(tmp_path, capsys, monk
     named = f"study: points 0 ({first}) and 1 ({second}) are one config once their values are read"
     assert_bad_input("ladder-train", argv, named, capsys, monkeypatch)
     assert not (tmp_path / "s").exists()
+
+
+def test_a_point_another_command_trained_under_another_spelling_is_refused(tmp_path, capsys, monkeypatch):
+    from ladder_train.study import runner
+
+    monkeypatch.setattr(runner, "_start_trainer", lambda *args: pytest.fail("a trainer started"))
+    study = tmp_path / "s"
+    (first,) = grid(["train.optimizer.lr=1e-3"])
+    save_config(load_config(SMOKE, first.run_overrides(study)), first.run_dir(study) / "config.yaml")
+    (first.run_dir(study) / "summary.json").write_text('{"finished": true}')
+    argv = ["study", "--config", SMOKE, "train.optimizer.lr=0.001,0.01", f"run.dir={study}"]
+    named = (
+        f"study {study}: point 0 (train.optimizer.lr=0.001) is the config {first.run_dir(study)} holds a run of, once "
+        "the values are read"
+    )
+    for extra in ([], ["--point", "0"]):
+        assert_bad_input("ladder-train", [*argv, *extra], named, capsys, monkeypatch)
+    assert [p.name for p in study.iterdir()] == [first.name]
+    status, out, err = run_cli(
+        "ladder-train", [*argv, "--point", "1"], capsys, monkeypatch
+    )  # 0.01: a config of its own
+    assert status == 0 and "train.optimizer.lr=0.01" in out, err

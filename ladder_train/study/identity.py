@@ -6,7 +6,9 @@ identity holds another study's run (another recipe run into the same folder, or 
 study must neither skip as finished, resume, nor collect as its own.
 
 Two points of one grid with one identity (``lr=1e-3,0.001``) are refused, not merged: merging would drop a point
-the command asked for and renumber the Slurm array's tasks; the line names both, so the value is given once."""
+the command asked for and renumber the Slurm array's tasks; the line names both, so the value is given once. So is a
+point about to start whose identity a run in another folder of the study holds already (a second command that spells
+the value another way): it would train that run again under another name."""
 
 from __future__ import annotations
 
@@ -42,6 +44,23 @@ def identity(cfg: Config) -> dict[str, object]:
     return {k: v for k, v in flat.items() if k not in NOT_DECIDING and not k.startswith(NOT_DECIDING_SECTIONS)}
 
 
+def _key(flat: dict[str, object]) -> tuple:
+    return tuple(sorted((key, repr(value)) for key, value in flat.items()))
+
+
+def recorded_runs(study_dir: Path) -> dict[tuple, Path]:
+    """The identity of each run recorded in the study's folders (their config.yaml) -> the first folder holding it;
+    folders whose config cannot be read, and links, are left out."""
+    found: dict[tuple, Path] = {}
+    for folder in sorted(p for p in Path(study_dir).iterdir() if p.is_dir() and not p.is_symlink()):
+        try:
+            if is_plain_file(folder / CONFIG_FILE):
+                found.setdefault(_key(identity(load_config(folder / CONFIG_FILE))), folder)
+        except InputError:  # ConfigError too: not a run this study could be
+            continue
+    return found
+
+
 def differences(there: dict[str, object], here: dict[str, object]) -> str:
     """The keys whose values differ, ``key: A there, B here``, the first few by name."""
     missing = object()
@@ -71,6 +90,7 @@ def refuse_foreign_runs(study_dir: Path, runs: list[tuple[int, Path, dict[str, o
     and counts the others."""
     found = [(index, run_dir, why) for index, run_dir, expected in runs if (why := foreign_run(run_dir, expected))]
     if not found:
+        _refuse_twins(study_dir, [run for run in runs if not (run[1] / CONFIG_FILE).exists()])
         return
     index, run_dir, why = found[0]
     others = f" ({len(found) - 1} more points alike)" if len(found) > 1 else ""
@@ -80,12 +100,24 @@ def refuse_foreign_runs(study_dir: Path, runs: list[tuple[int, Path, dict[str, o
     )
 
 
+def _refuse_twins(study_dir: Path, new: list[tuple[int, Path, dict[str, object]]]) -> None:
+    """A point about to start whose identity another folder of the study holds a run of."""
+    recorded = recorded_runs(study_dir) if new and Path(study_dir).is_dir() else {}
+    for index, run_dir, expected in new:
+        twin = recorded.get(_key(expected))
+        if twin is not None:
+            raise InputError(
+                f"study {study_dir}: point {index} ({run_dir.name}) is the config {twin} holds a run of, once the "
+                "values are read (e.g. 1e-3 and 0.001 are one number): it would be trained again under another name; "
+                f"write the value as {twin.name} does, or leave the point out"
+            )
+
+
 def refuse_duplicate_points(points: list, identities: list[dict[str, object]]) -> None:
     """Two points whose values read the same (``lr=1e-3,0.001``) would train one config twice under two names."""
     seen: dict[tuple, object] = {}
     for point, flat in zip(points, identities, strict=True):
-        key = tuple(sorted((k, repr(v)) for k, v in flat.items()))
-        first = seen.setdefault(key, point)
+        first = seen.setdefault(_key(flat), point)
         if first is not point:
             raise InputError(
                 f"study: points {first.index} ({first.name}) and {point.index} ({point.name}) are one config once "
