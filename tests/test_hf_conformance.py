@@ -88,6 +88,16 @@ def expected_cache_heads(layout: str) -> list[int]:
     return [n_kv] * (layers - desync) + [max(n_kv, fields["desync_tp"])] * desync
 
 
+def presized_static_cache(m, heads: list[int]) -> StaticCache:
+    """A static cache whose layers are sized before the first forward, layer i for heads[i] KV heads (each layer's
+    own initialisation: early_initialization takes a list from transformers 5.5.4 only)."""
+    cache = StaticCache(config=m.config, max_cache_len=32)
+    for layer, n in zip(cache.layers, heads, strict=True):
+        empty = torch.zeros(PROMPT.shape[0], n, 0, HEAD_DIM)
+        layer.lazy_initialization(empty, empty)
+    return cache
+
+
 def greedy(m, prompt: torch.Tensor, n: int = 6, **kwargs):
     return m.generate(
         prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, do_sample=False, eos_token_id=None, **kwargs
@@ -160,8 +170,7 @@ def test_cache_shapes_against_the_config(layout):
         assert layer.keys.shape == layer.values.shape == (PROMPT.shape[0], n, PROMPT.shape[1], HEAD_DIM), layout
     assert m.config.cache_key_value_heads() == heads, layout  # what a consumer sizing a cache reads
     # a static cache sized before the first forward by what the config says a layer holds works
-    sized = StaticCache(config=m.config, max_cache_len=32)
-    sized.early_initialization(PROMPT.shape[0], m.config.cache_key_value_heads(), HEAD_DIM, torch.float32, "cpu")
+    sized = presized_static_cache(m, m.config.cache_key_value_heads())
     assert torch.equal(greedy(m, PROMPT, **{CACHE: sized}), greedy(m, PROMPT)), layout
 
 
@@ -173,8 +182,7 @@ def test_a_desync_layer_refuses_in_one_line_a_cache_sized_for_other_heads(layout
     m, heads, n_kv = model(layout), expected_cache_heads(layout), SHAPE["num_key_value_heads"]
     first = SHAPE["num_hidden_layers"] - LAYOUTS[layout].get("desync_layers", SHAPE["num_hidden_layers"])
     other = [n_kv if n > n_kv else n + 2 * (i >= first) for i, n in enumerate(heads)]
-    wrong = StaticCache(config=m.config, max_cache_len=32)
-    wrong.early_initialization(PROMPT.shape[0], other, HEAD_DIM, torch.float32, "cpu")
+    wrong = presized_static_cache(m, other)
     message = rf"^desync_tp=\d: the cache of layer {first} holds {other[first]} KV heads, this model's {heads[first]} "
     with pytest.raises(ValueError, match=message):
         m(PROMPT, use_cache=True, **{CACHE: wrong})
