@@ -153,7 +153,8 @@ def test_collect_of_another_study_into_a_folder_of_its_results_needs_overwrite(t
     (second / "run.seed=0" / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
     named = (
         f"--collect {dest}: {dest / 'run.seed=0'} holds another run's results (its config.yaml is not "
-        f"{second / 'run.seed=0' / 'config.yaml'}'s); pass --overwrite to replace them"
+        f"{second / 'run.seed=0' / 'config.yaml'}'s, of another config: train.optimizer.lr: 0.003 there, 0.001 here); "
+        "pass --overwrite to replace them"
     )
     assert_bad_input("ladder-train", [*argv2, "--collect", str(dest)], named, capsys, monkeypatch)
     assert tree(dest) == collected  # refused before any copy
@@ -264,3 +265,14 @@ def test_a_point_another_command_trained_under_another_spelling_is_refused(tmp_p
         "ladder-train", [*argv, "--point", "1"], capsys, monkeypatch
     )  # 0.01: a config of its own
     assert status == 0 and "train.optimizer.lr=0.01" in out, err
+
+
+def test_collect_of_a_repeat_of_the_study_from_another_folder_needs_overwrite(tmp_path, capsys, monkeypatch):
+    _, argv = finished_study(tmp_path / "first")
+    dest = tmp_path / "dest"
+    assert run_cli("ladder-train", [*argv, "--collect", str(dest)], capsys, monkeypatch)[0] == 0
+    collected = tree(dest)
+    repeat, argv2 = finished_study(tmp_path / "repeat")  # the same recipe and points, trained again elsewhere
+    named = f"{repeat / 'run.seed=0' / 'config.yaml'}'s, of this config from another run folder); pass --overwrite"
+    assert_bad_input("ladder-train", [*argv2, "--collect", str(dest)], named, capsys, monkeypatch)
+    assert tree(dest) == collected

@@ -23,7 +23,7 @@ from ..errors import InputError, Preempted, RunFailed
 from ..files import copy_to, make_folder, open_to_write, refuse_link
 from ..lifetime import PREEMPTION_SIGNALS, ends_with_this_process
 from .grid import Point, fixed_overrides, grid
-from .identity import CONFIG_FILE, foreign_run, identity, refuse_duplicate_points, refuse_foreign_runs
+from .identity import CONFIG_FILE, differences, foreign_run, identity, refuse_duplicate_points, refuse_foreign_runs
 
 FINISHED_FILE = "summary.json"  # the trainer sets its "finished" when a run reaches its last step
 # what a finished run's figures rest on: kilobytes, committed beside the tables made from them (no weights)
@@ -211,7 +211,12 @@ def _other_results(out: Path, source: Path) -> str | None:
         return f"results without a {CONFIG_FILE} ({', '.join(present)}), whose run cannot be told"
     if there.read_bytes() == source.read_bytes():
         return None
-    return f"another run's results (its {CONFIG_FILE} is not {source}'s)"
+    try:
+        changed = differences(identity(load_config(there)), identity(load_config(source)))
+    except InputError:  # ConfigError too: a config.yaml that does not read as one is another run's all the same
+        changed = "not read as a config"
+    how = f"of another config: {changed}" if changed else "of this config from another run folder"
+    return f"another run's results (its {CONFIG_FILE} is not {source}'s, {how})"
 
 
 def _start_trainer(cmd: list[str], log, env: dict[str, str]) -> subprocess.Popen:
