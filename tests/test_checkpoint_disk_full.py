@@ -120,3 +120,22 @@ def test_a_file_size_limit_while_saving_is_one_line_and_exit_1(tmp_path):
     assert lines[0].endswith(f"then rerun to resume from {tmp_path / 'checkpoints' / 'step-1'}")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]
     verify_checkpoint(tmp_path / "checkpoints" / "step-1")
+
+
+def test_a_full_disk_while_the_manifest_is_written_removes_the_partial_too(tmp_path, monkeypatch):
+    import ladder_train.checkpoint.checkpointer as checkpointer_module
+
+    checkpointer, model, optimizer = _tiny(tmp_path)
+    kept = checkpointer.save(1, model, optimizer, {"step": 1}, {})
+
+    def manifest_fills_the_disk(folder):
+        (Path(folder) / "MANIFEST.json").write_text("{")  # cut short
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(folder) / "MANIFEST.json"))
+
+    monkeypatch.setattr(checkpointer_module, "write_manifest", manifest_fills_the_disk)
+    with pytest.raises(CheckpointError) as refused:
+        checkpointer.save(2, model, optimizer, {"step": 2}, {})
+    partial = tmp_path / "checkpoints" / "step-2.partial"
+    assert str(refused.value).startswith(f"writing {partial} failed (OSError: [Errno 28] No space left on device: ")
+    assert str(refused.value).endswith(f"then rerun to resume from {kept}")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1"]
