@@ -22,10 +22,10 @@ from tqdm import tqdm
 from ladder_train.cli import run_command
 from ladder_train.config import DataConfig
 from ladder_train.data import load_tokenizer, open_source
-from ladder_train.data.packing import document_groups
+from ladder_train.data.packing import check_documents, document_groups, document_ids
 
 
-def write_shard(out: Path, split: str, index: int, docs: list[list[int]]) -> None:
+def write_shard(out: Path, split: str, index: int, docs: list) -> None:
     table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))})
     pq.write_table(table, out / f"{split}-{index:05d}.parquet")
 
@@ -33,11 +33,13 @@ def write_shard(out: Path, split: str, index: int, docs: list[list[int]]) -> Non
 def prepare(cfg: DataConfig, split: str, out: Path, docs_per_shard: int) -> int:
     tokenizer = load_tokenizer(cfg.tokenizer, where="--tokenizer")
     documents = open_source(cfg.source, split, cfg.text_column, cfg.hub_config)
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     out.mkdir(parents=True, exist_ok=True)
     shard, pending, tokens = 0, [], 0
     with tqdm(desc=f"tokenizing {split}", unit=" docs") as progress:
         for texts in document_groups(iter(documents), cfg.text_column):
-            ids = [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
+            check_documents(texts, cfg.text_column, cfg.source)
+            ids = document_ids(texts, tokenizer, vocab_size, cfg.source)  # a long text in pieces: long_text.py
             pending += ids
             tokens += sum(map(len, ids))
             progress.update(len(texts))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterator
-from itertools import chain, islice
+from itertools import islice
 from typing import Any
 
 import datasets
@@ -34,6 +34,7 @@ from tokenizers import Tokenizer
 from ..errors import DataError
 from ..model import IGNORE_INDEX  # the label of a token that is not scored, the model's loss's
 from .conversations import BadConversation, ConversationEncoder
+from .long_text import text_ids
 
 # one encode_batch call takes documents until either bound: enough to amortize the call, and few enough tokens
 # pending that the state (sent with every batch from a worker) stays small
@@ -80,13 +81,15 @@ def check_documents(texts: list, column: str, where: str, describe: Callable[[Ex
     raise DataError(describe(err) if describe else f"{where}: {err}")
 
 
-def document_ids(texts: list, tokenizer: Tokenizer, vocab_size: int, where: str) -> list[list[int]]:
-    """Each document's token ids: texts are tokenized; lists of token ids (a pre-tokenized column) are taken as they
-    are, once every id is found inside the vocabulary (an id past it would index past the embedding table)."""
+def document_ids(texts: list, tokenizer: Tokenizer, vocab_size: int, where: str) -> list[np.ndarray]:
+    """Each document's token ids, int32: texts are tokenized (a long one in pieces that change no token:
+    long_text.py); lists of token ids (a pre-tokenized column) are taken as they are, once every id is found inside
+    the vocabulary (an id past it would index past the embedding table)."""
     if all(isinstance(text, str) for text in texts):
-        return [encoding.ids for encoding in tokenizer.encode_batch_fast(texts)]
+        return text_ids(texts, tokenizer)
     if not all(isinstance(text, list) for text in texts):
         raise DataError(f"{where}: the column mixes texts and token id lists; give one or the other")
+    docs = []
     for doc in texts:
         try:
             ids = np.asarray(doc)
@@ -99,7 +102,14 @@ def document_ids(texts: list, tokenizer: Tokenizer, vocab_size: int, where: str)
             raise DataError(
                 f"{where}: a document of token ids holds id {bad}, outside the tokenizer's vocabulary (0..{vocab_size - 1})"
             )
-    return [list(doc) for doc in texts]
+        docs.append(ids.astype(np.int32))
+    return docs
+
+
+def separated(ids: list[np.ndarray], separator: int, dtype=np.int32) -> np.ndarray:
+    """The documents' ids, each followed by ``separator``, as one array of ``dtype``."""
+    end = np.asarray([separator], dtype=np.int32)
+    return np.concatenate([part for doc in ids for part in (doc, end)]).astype(dtype, copy=False)
 
 
 class PackedWindows(torch.utils.data.IterableDataset):
@@ -172,10 +182,7 @@ class PackedWindows(torch.utils.data.IterableDataset):
     def _tokenize(self, texts: list[str]) -> np.ndarray:
         """The documents' ids, each followed by <|endoftext|>, as one int32 array."""
         check_documents(texts, self.text_column, self.source_name, self.describe_read_error)
-        ids = document_ids(texts, self.tokenizer, self.vocab_size, self.source_name)
-        for doc in ids:
-            doc.append(self.eos_id)
-        return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=sum(map(len, ids)))
+        return separated(document_ids(texts, self.tokenizer, self.vocab_size, self.source_name), self.eos_id)
 
     def _encode(self, conversations: list) -> tuple[np.ndarray, np.ndarray]:
         """Chat mode: the conversations' ids and target flags; a row that is no conversation is one DataError."""

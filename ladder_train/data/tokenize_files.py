@@ -24,7 +24,6 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ from tqdm import tqdm
 from ..errors import DataError
 from ..files import open_to_write, remove_written, replace_written
 from .out_folder import PARTS, check_contents, check_out_dir, locked, remove_parts
-from .packing import check_documents, document_groups, document_ids
+from .packing import check_documents, document_groups, document_ids, separated
 from .sources import STDLIB_SOURCE, is_local, open_source, read_error_message
 from .token_files import (
     DTYPES,
@@ -63,16 +62,13 @@ def _documents(shard, column: str, source: str, split: str) -> Iterator[list]:
         raise DataError(read_error_message(source, split, column, err)) from None
 
 
-def _ids(texts: list, tokenizer: Tokenizer, separator: int, vocab_size: int, where: tuple) -> list[list[int]]:
-    """Each document's ids followed by the separator; a column of token id lists is taken as it is. A document that
-    is neither is the trainer's one line (packing.check_documents), naming its file and record; ``where`` is the
-    (source, split, column) read."""
+def _ids(texts: list, tokenizer: Tokenizer, separator: int, vocab_size: int, where: tuple) -> list[np.ndarray]:
+    """Each document's ids (the separator not yet added); a column of token id lists is taken as it is. A document
+    that is neither is the trainer's one line (packing.check_documents), naming its file and record; ``where`` is
+    the (source, split, column) read."""
     source, split, column = where
     check_documents(texts, column, source, functools.partial(read_error_message, source, split, column))
-    ids = document_ids(texts, tokenizer, vocab_size, source)
-    for doc in ids:
-        doc.append(separator)
-    return ids
+    return document_ids(texts, tokenizer, vocab_size, source)
 
 
 def _tokenize_shard(task: tuple) -> tuple[int, int, int]:
@@ -88,9 +84,9 @@ def _tokenize_shard(task: tuple) -> tuple[int, int, int]:
     ):
         for texts in _documents(shard, column, source, split):
             ids = _ids(texts, tokenizer, separator, vocab_size, (source, split, column))
-            flat = np.fromiter(chain.from_iterable(ids), dtype=DTYPES[dtype], count=sum(map(len, ids)))
+            flat = separated(ids, separator, DTYPES[dtype])
             tokens.write(flat.tobytes())
-            lengths.write(np.asarray([len(doc) for doc in ids], dtype=OFFSET_DTYPE).tobytes())
+            lengths.write(np.asarray([len(doc) + 1 for doc in ids], dtype=OFFSET_DTYPE).tobytes())
             n_docs, n_tokens = n_docs + len(ids), n_tokens + len(flat)
             largest = max(largest, int(flat.max())) if len(flat) else largest
             if _report is not None:
