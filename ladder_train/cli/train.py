@@ -50,7 +50,8 @@ def cmd_train(argv: list[str]) -> int:
         type=positive_float,
         default=None,
         metavar="GIB",
-        help="with --dry-run: the GPU memory the largest fitting micro-batch is named for (default 80, an H100)",
+        help="with --dry-run: the GPU memory planned for: what parallel.accumulate=auto chooses on it and the "
+        "largest micro-batch that fits it (default 80, an H100)",
     )
     parser.add_argument("--json", action="store_true", help="with --dry-run: the plan's figures as one JSON line")
     args = parser.parse_args(argv)
