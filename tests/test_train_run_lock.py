@@ -66,7 +66,7 @@ def construct_trainer(run_dir: str):
     """Build a Trainer on ``run_dir`` in each rank; returns what stopped it."""
     from ladder_train.parallel import init_distributed
     from ladder_train.train import Trainer
-    from ladder_train.train.trainer import RunDirLocked
+    from ladder_train.train.run_dir import RunDirLocked
 
     env = init_distributed()
     cfg = load_config(None, [f"run.dir={run_dir}", "model.preset=tiny", "data.seq_len=16", "wandb.mode=disabled"])
@@ -81,7 +81,7 @@ def construct_trainer(run_dir: str):
 
 @pytest.mark.slow
 def test_every_rank_of_a_second_trainer_stops_and_only_rank_0_speaks(tmp_path):
-    from ladder_train.train.trainer import lock_run_dir
+    from ladder_train.train.run_dir import lock_run_dir
 
     holder = lock_run_dir(tmp_path)  # this process plays the first trainer
     try:

@@ -23,10 +23,7 @@ from ..checkpoint import Checkpointer
 from ..config import Config, model_args, save_config, to_yaml
 from ..data import MicroBatchLoader, as_loader
 from ..data.protocol import Batch
-from ..errors import EXIT_REQUEUE, InputError, Preempted, RunFailed
-from ..files import refuse_link
-from ..folder_lock import FolderLock, LockHeld, lock_folder
-from ..folders import refuse_step_links
+from ..errors import EXIT_REQUEUE, InputError, Preempted
 from ..lifetime import PREEMPTION_SIGNALS
 from ..loading import check_init_source, load_initial_weights
 from ..model import build_on_meta, flops_per_token
@@ -40,67 +37,14 @@ from ..parallel import (
     resolve_dtype,
 )
 from .chat_steps import EmptyBatches, scored_micro_batches
-from .evaluator import EXPORTS, RESULTS, Evaluator
+from .evaluator import Evaluator
 from .memory_plan import unsharded_fits
 from .observability import MetricLogger, StepProfiler, ThroughputMeter, device_peak_flops
 from .optim import build_optimizer, build_scheduler, freeze_lower_layers, resolve_schedule_steps
+from .run_dir import RunSummary, lock_run_dir_on_rank0
 from .run_state import RunState
-from .stability import SKIP_FILE, StabilityGuard
+from .stability import StabilityGuard
 from .step import StepOutcome, accumulate_gradients, clip_and_reduce
-from .summary import SUMMARY, RunSummary
-
-LOCK_FILE = "run.lock"  # in RUN_DIR: names the trainer that holds it (host, pid, job, start)
-RUN_FILES = ("config.yaml", "metrics.jsonl", SUMMARY, f"{SUMMARY}.partial", SKIP_FILE)  # what it writes in RUN_DIR
-# the folders wandb and TensorBoard make in RUN_DIR: they follow links, so a link there is refused before they start
-LIBRARY_FOLDERS = ("wandb", "tensorboard")
-
-
-class RunDirLocked(RunFailed):
-    """Another trainer holds run.dir. ``quiet`` on ranks other than 0, so the message is printed once."""
-
-    def __init__(self, message: str, quiet: bool = False):
-        super().__init__(message)
-        self.quiet = quiet
-
-
-def lock_run_dir(run_dir: Path) -> FolderLock:
-    """Take ``RUN_DIR/run.lock`` for this process (folder_lock.lock_folder: released when the process dies, not held
-    by data-loader workers), or raise RunDirLocked naming the holder; InputError when run.lock, a file the trainer
-    writes (RUN_FILES), a folder wandb or TensorBoard makes (LIBRARY_FOLDERS), an export's folder (RUN_DIR/export,
-    its step-N) or the eval results' folder is a link. The lock lasts until the returned lock is closed: one
-    trainer per run folder."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name in RUN_FILES:  # refused before any work; each is written through folders.py's rule too
-        refuse_link(run_dir / name, "a run folder's file")
-    for name in LIBRARY_FOLDERS:
-        refuse_link(run_dir / name, "a run folder's wandb or TensorBoard folder")
-    refuse_step_links(run_dir / EXPORTS, "a run's export")  # eval.mode=slurm's RUN_DIR/export/step-N
-    refuse_link(run_dir / RESULTS, "a run's eval folder")
-    try:
-        return lock_folder(run_dir, LOCK_FILE, "trainer on run.dir")
-    except LockHeld as err:
-        raise RunDirLocked(
-            f"run.dir={run_dir} is in use by another trainer ({err.holder}); wait for it to end or pick another run.dir"
-        ) from None
-
-
-def lock_run_dir_on_rank0(run_dir: Path, is_main: bool) -> FolderLock | None:
-    """Rank 0 takes run.dir's lock; every rank learns whether it got it, so all stop together (with rank 0's error,
-    printed by rank 0 alone). Returns rank 0's lock (None elsewhere)."""
-    lock, refusal = None, None
-    if is_main:
-        try:
-            lock = lock_run_dir(run_dir)
-        except (RunDirLocked, InputError) as err:
-            refusal = (isinstance(err, InputError), str(err))
-    box = [refusal]
-    dist.broadcast_object_list(box, src=0)
-    if box[0] is None:
-        return lock
-    bad_input, message = box[0]
-    error = InputError(message) if bad_input else RunDirLocked(message)
-    error.quiet = not is_main  # run_command prints a refusal once, from rank 0
-    raise error
 
 
 class Trainer:
