@@ -390,3 +390,14 @@ def test_a_null_or_missing_text_is_one_line_naming_key_and_record_in_prepare_and
         with pytest.raises(DataError) as caught:
             list(build_dataloader(cfg, byte_tokenizer(), 1, num_workers=0, cycle=False))
         assert str(caught.value) == f"{tmp_path}/{line}"
+
+
+def test_a_damaged_parquet_file_met_while_reading_is_named_not_a_traceback(tmp_path):
+    """read_error_message looks for a null row in parquet files: one it cannot read gives the read failure's line."""
+    from ladder_train.data.sources import read_error_message
+
+    (tmp_path / "train.parquet").write_bytes(b"PAR1" + bytes(range(256)) * 4 + b"PAR1")
+    line = read_error_message(str(tmp_path), "train", "text", OSError("unexpected end of stream"))
+    assert (
+        line == f"data.source: {tmp_path} (split train): reading documents failed (OSError: unexpected end of stream)"
+    )

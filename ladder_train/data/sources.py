@@ -159,14 +159,18 @@ def first_bad_record(files: list[Path], text_column: str) -> str | None:
 
 
 def _first_null_row(path: Path, text_column: str) -> str | None:
-    """'path: row N ...' for the first row of a parquet file whose ``text_column`` is null; None if there is none."""
+    """'path: row N ...' for the first row of a parquet file whose ``text_column`` is null; None if there is none, or
+    when the file cannot be read that far (the caller then names the read failure itself)."""
     row = 0
-    for batch in pq.ParquetFile(path).iter_batches(columns=[text_column], batch_size=1 << 16):
-        column = batch.column(0)
-        if column.null_count:
-            first = row + int(column.is_null().to_numpy(zero_copy_only=False).argmax())
-            return f"{path}: row {first} (counting from 0): '{text_column}' is null, not text (data.text_column)"
-        row += len(column)
+    try:
+        for batch in pq.ParquetFile(path).iter_batches(columns=[text_column], batch_size=1 << 16):
+            column = batch.column(0)
+            if column.null_count:
+                first = row + int(column.is_null().to_numpy(zero_copy_only=False).argmax())
+                return f"{path}: row {first} (counting from 0): '{text_column}' is null, not text (data.text_column)"
+            row += len(column)
+    except Exception:  # a damaged file: what failed is the reading, which the caller reports
+        return None
     return None
 
 
