@@ -132,6 +132,18 @@ def test_bad_input_is_exit_2_and_one_line_naming_it(inputs, capsys, monkeypatch,
     assert_bad_input(prog, [arg.format(**fill) for arg in argv], named.format(**fill), capsys, monkeypatch)
 
 
+@pytest.mark.parametrize("code, name", [("ENOSPC", "No space left on device"), ("EFBIG", "File too large")])
+def test_a_full_disk_or_a_file_at_its_size_limit_is_exit_1_and_one_line(capsys, code, name):
+    import errno
+
+    def write(argv):
+        raise OSError(getattr(errno, code), name, "/runs/a/metrics.jsonl")
+
+    assert cli.run_command("ladder-x", write, []) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"ladder-x: error: /runs/a/metrics.jsonl: {name} (") and err.count("\n") == 1
+
+
 def test_ctrl_c_while_a_command_imports_is_exit_130_and_one_line(tmp_path, monkeypatch, capsys):
     (tmp_path / "slow_to_import.py").write_text("raise KeyboardInterrupt\n")  # Ctrl-C while its imports load
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -59,7 +59,7 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: lis
 
 
 # the file-system errors a user fixes (the path, the space): one line; any other OSError keeps its traceback
-OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT}
+OUT_OF_SPACE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 PATH_ERRORS = OUT_OF_SPACE | {
     errno.ENAMETOOLONG,
     errno.EROFS,
@@ -74,6 +74,7 @@ PATH_ERRORS = OUT_OF_SPACE | {
 _WHAT_TO_DO = {
     errno.ENOSPC: "free space there or choose another folder (a run resumes from its last complete checkpoint)",
     errno.EDQUOT: "the disk quota is used up: free space there or choose another folder",
+    errno.EFBIG: "a file reached the size limit (the shell's ulimit -f or the file system's): raise it or choose another folder",
     errno.ENAMETOOLONG: "use shorter folder or file names (most file systems allow 255 bytes per name)",
     errno.EROFS: "the file system is read-only: choose a writable folder",
     errno.EACCES: "no permission: choose a folder you can write, or change its permissions",
