@@ -128,3 +128,21 @@ def export(capsys):
         return Exported(code, capsys.readouterr().err)
 
     return run
+
+
+@pytest.fixture
+def launch():
+    """``launch(*args, env=..., cwd=..., stdout=..., stderr=...)``: ``launch.start`` (tests/launch.py: ``python
+    ARGS`` or a console command, offline, one thread, its own session) for this test; at teardown every process of
+    each session it started is killed, so none outlives the test (mark the test slow: it starts a process)."""
+    import launch as launching  # imported here: tests/test_structure.py runs this file without its folder
+
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(launching.start(*args, **kwargs))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        launching.end(proc)

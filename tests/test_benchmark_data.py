@@ -5,14 +5,13 @@ table the docs_tables tool's manifest names renders the medians and ranges of th
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launch import TINY_TRAINING, end, run_from_repo, start
 
 from benchmarks.checkpoint_stall import expected_saves
 from benchmarks.data_loader import check_delivered
@@ -33,18 +32,7 @@ LINK_SWEEP = MANIFEST["tp-link-sweep"].rows
 OVERLAP_CHECKS = MANIFEST["tp-overlap-checks"].rows
 TP_COMPILED = MANIFEST["tp-compiled"].rows
 PREDICT_CPU = MANIFEST["predict-cpu"].data["folders"]
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-TINY = [
-    "model.vocab_size=64",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.ffn_dim=64",
-    "model.max_seq_len=16",
-    "data.seq_len=16",
-    "train.global_batch_size=2",
-    "train.micro_batch_size=2",
-]
+TINY = TINY_TRAINING
 TP_TINY = [
     "--model",
     "tiny",
@@ -74,10 +62,7 @@ HOST = {"cpu_model", "cpu_count", "cpus_usable", "torch_threads", "omp_num_threa
 
 
 def run_module(tmp_path: Path, module: str, args: list[str]) -> subprocess.CompletedProcess:
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}  # benchmarks/ is not installed: run from the repo
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    done = run_from_repo(tmp_path, "-m", module, *args)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -300,10 +285,7 @@ from benchmarks import checkpoint_stall as bench
 bench.Checkpointer.maybe_save = lambda self, *args: False  # the saves the timing assumes are gone
 bench.main(['--steps', '4', '--every', '2', '--dims', '32', *{TINY!r}])
 """
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    done = run_from_repo(tmp_path, "-c", code)
     assert done.returncode != 0
     assert "BenchmarkError: training in every 2, sync ran 4 steps (4 logged) and saved at steps [4]" in done.stderr
 
@@ -316,22 +298,19 @@ def tp_rows(tmp_path_factory) -> list[dict]:
     """The rows of three TP = 2 ladder-bench invocations: two with an emulated link of 1 ms, one of 3 ms, run side by
     side (their timings mean nothing; their shape is what is tested)."""
     folder = tmp_path_factory.mktemp("tp")
-    env = {**os.environ, **OFFLINE}
     outs = [folder / f"{i}.jsonl" for i in range(3)]
+    bench = ["-m", "ladder_train.bench", *TP_TINY]
     running = [
-        subprocess.Popen(
-            [sys.executable, "-m", "ladder_train.bench", *TP_TINY, "--link-latency-ms", str(x), "--out", str(out)],
-            cwd=folder,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        start(*bench, "--link-latency-ms", x, "--out", out, cwd=folder, stdout=subprocess.DEVNULL)
         for x, out in zip((1, 1, 3), outs, strict=True)
     ]
-    for process in running:
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err[-3000:]
+    try:
+        for process in running:
+            _, err = process.communicate(timeout=300)
+            assert process.returncode == 0, err[-3000:]
+    finally:
+        for process in running:
+            end(process)
     return [row for out in outs for row in read(out)]
 
 

@@ -1,41 +1,20 @@
 """The developer benchmarks (benchmarks/): the trainer benchmark times the steps it was asked for."""
 
 import math
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-
-
-BENCH_TINY = [
-    "model.vocab_size=64",
-    "model.dim=32",
-    "model.n_layers=1",
-    "model.n_heads=2",
-    "model.ffn_dim=64",
-    "model.max_seq_len=16",
-    "data.seq_len=16",
-    "train.global_batch_size=2",
-    "train.micro_batch_size=2",
-]
+from launch import REPO, TINY_TRAINING, run_from_repo
 
 
 def run_bench(tmp_path, code: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, **OFFLINE, "PYTHONPATH": str(REPO)}  # benchmarks/ is not installed: run from the repo
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    return run_from_repo(tmp_path, "-c", code)
 
 
 @pytest.mark.slow
 def test_trainer_benchmark_rounds_each_train_the_asked_steps(tmp_path):
     # a second round in a reused run folder resumed at max_steps and "trained" nothing at 100x the speed
-    code = f"from benchmarks.train_step import main; main(['--steps', '3', '--rounds', '2', *{BENCH_TINY!r}])"
+    code = f"from benchmarks.train_step import main; main(['--steps', '3', '--rounds', '2', *{TINY_TRAINING!r}])"
     done = run_bench(tmp_path, code)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("trainer"))
@@ -55,7 +34,7 @@ def short_train(self):  # a trainer that stops early, as a resumed run does
     self.max_steps = 1
     return real_train(self)
 trainer.Trainer.train = short_train
-bench.main(['--steps', '3', '--rounds', '1', *{BENCH_TINY!r}])
+bench.main(['--steps', '3', '--rounds', '1', *{TINY_TRAINING!r}])
 """
     done = run_bench(tmp_path, code)
     assert done.returncode != 0
@@ -81,7 +60,7 @@ def test_bare_loop_runs_on_the_trainers_device(monkeypatch, capsys):
     monkeypatch.setattr(bench, "init_distributed", lambda: RankEnv(0, 1, 0, 1, torch.device("meta")))
     monkeypatch.setattr(bench, "trainer_loop", lambda cfg, batches, steps, env: 1.0)
     monkeypatch.setattr(bench.dist, "destroy_process_group", lambda: None)
-    bench.main(["--steps", "2", "--rounds", "1", *BENCH_TINY])
+    bench.main(["--steps", "2", "--rounds", "1", *TINY_TRAINING])
     assert seen and set(seen) == {("meta", "meta")}
     assert capsys.readouterr().out.startswith("bare loop : ")
 

@@ -3,20 +3,19 @@
 wandb id across a multi-process resume, the checkpoint stall benchmark. Damaged and crafted checkpoints:
 tests/test_checkpoint_integrity.py."""
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 from dist_utils import run_ranks
+from launch import descendants, run, survivors, wait_until
 
 from ladder_train.checkpoint import Checkpointer, CheckpointError, read_trainer_state
 from ladder_train.config import ConfigError, load_config
@@ -49,58 +48,22 @@ def losses_by_step(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records}
 
 
-def torchrun(run_dir: Path, nproc: int, *extra: str, env=None) -> subprocess.Popen:
-    cmd = [
-        PYTHON,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "ladder_train.train",
-    ]
-    return subprocess.Popen(
-        [*cmd, *SMOKE, f"run.dir={run_dir}", *extra],
-        env=env or ENV,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def torchrun(launch, run_dir: Path, nproc: int, *extra: str, env=None) -> subprocess.Popen:
+    """The smoke run on ``nproc`` ranks under torchrun, started by ``launch`` (the fixture), its output in stdout."""
+    cmd = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "ladder_train.train"]
+    return launch(*cmd, *SMOKE, f"run.dir={run_dir}", *extra, env=env or ENV, stderr=subprocess.STDOUT)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if (run_dir / "metrics.jsonl").is_file() and max(losses_by_step(run_dir), default=0) >= step:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"training ended early:\n{proc.stdout.read()}")
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
+    def reached() -> bool:
+        return (run_dir / "metrics.jsonl").is_file() and max(losses_by_step(run_dir), default=0) >= step
 
-
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid`` (Linux /proc)."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                children = [int(c) for c in (task / "children").read_text().split()]
-                found += children
-                frontier += children
-    return found
+    wait_until(proc, reached, f"training did not reach step {step}", timeout)
 
 
 def train(run_dir: Path, *extra: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "ladder_train.train", *SMOKE_EVERY_2, f"run.dir={run_dir}", *extra],
-        env=env or ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """The smoke run with a checkpoint every 2 steps, run to its end in a process of its own."""
+    return run("-m", "ladder_train.train", *SMOKE_EVERY_2, f"run.dir={run_dir}", *extra, env=env or ENV)
 
 
 # save and resume --------------------------------------------------------------------------------------------
@@ -109,42 +72,25 @@ def train(run_dir: Path, *extra: str, env=None) -> subprocess.CompletedProcess:
 WANDB_OFFLINE = {**ENV, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes in a container)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
-def test_kill_9_of_torchrun_ends_every_rank_and_the_resume_repeats_every_loss_and_the_wandb_id(tmp_path):
+def test_kill_9_of_torchrun_ends_every_rank_and_the_resume_repeats_every_loss_and_the_wandb_id(tmp_path, launch):
     """One killed two-rank run checks four things: a SIGKILLed torchrun's ranks save on their way out (their
     parent-death signal is SIGTERM) and end, with their loader workers; a torn last save is skipped; the run resumed
     from the periodic checkpoint before it replays every loss bit for bit; and it logs to the same wandb run."""
     pytest.importorskip("wandb")
     reference = tmp_path / "reference"
-    proc = torchrun(reference, 2)
+    proc = torchrun(launch, reference, 2)
     assert proc.wait(timeout=300) == 0, proc.stdout.read()
 
     killed = tmp_path / "killed"
-    proc = torchrun(killed, 2, env=WANDB_OFFLINE)
-    run = set()
-    try:
-        wait_for_step(killed, 6, proc)  # past the step-4 checkpoint
-        run = set(descendants(proc.pid))  # two ranks and their loader workers
-        assert len(run) >= 4, run
-        proc.send_signal(signal.SIGKILL)  # kill -9 of torchrun alone: what it started must end with it
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(running(p) for p in run):
-            time.sleep(0.1)
-        assert not [p for p in run if running(p)], "processes of the run outlived torchrun"
-    finally:
-        for pid in [proc.pid, *run]:
-            if running(pid):
-                os.kill(pid, signal.SIGKILL)
+    proc = torchrun(launch, killed, 2, env=WANDB_OFFLINE)
+    wait_for_step(killed, 6, proc)  # past the step-4 checkpoint
+    run = descendants(proc.pid)  # two ranks and their loader workers
+    assert len(run) >= 4, run
+    proc.send_signal(signal.SIGKILL)  # kill -9 of torchrun alone: what it started must end with it
+    proc.wait(timeout=10)
+    assert not survivors(run, seconds=20), "processes of the run outlived torchrun"
     folder = killed / "checkpoints"
     complete = sorted(int(p.parent.name.split("-")[1]) for p in folder.glob(f"step-*/{COMPLETE_MARKER}"))
     assert 6 <= complete[-1] < 12 and 4 in complete, complete  # the ranks' save on their way out
@@ -154,7 +100,7 @@ def test_kill_9_of_torchrun_ends_every_rank_and_the_resume_repeats_every_loss_an
     wandb_id = read_trainer_state(periodic)["wandb_id"]
     assert isinstance(wandb_id, str) and wandb_id
 
-    proc = torchrun(killed, 2, env=WANDB_OFFLINE)
+    proc = torchrun(launch, killed, 2, env=WANDB_OFFLINE)
     output, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, output
     assert f"resuming from {periodic} at step {complete[-2]}" in output
@@ -241,9 +187,9 @@ def test_other_layout_is_refused_naming_the_mismatch(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_the_current_step_and_exits_for_requeue(tmp_path):
+def test_sigterm_saves_the_current_step_and_exits_for_requeue(tmp_path, launch):
     run_dir = tmp_path / "run"
-    proc = torchrun(run_dir, 1, "train.max_steps=200", "checkpoint.every=0")
+    proc = torchrun(launch, run_dir, 1, "train.max_steps=200", "checkpoint.every=0")
     wait_for_step(run_dir, 3, proc)
     # torchrun forwards SIGTERM to its worker, which finishes the step and saves
     os.killpg(proc.pid, signal.SIGTERM)

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from launch import REPO, run, smoke_training
 from tokenizers import Tokenizer, pre_tokenizers
 
 from ladder_train.config import DataConfig
@@ -27,9 +28,6 @@ from ladder_train.data import (
 )
 from ladder_train.data.sources import local_files
 from ladder_train.errors import DataError
-
-REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
 def starcoder(shared: Path) -> Tokenizer:
@@ -455,23 +453,8 @@ def test_prepared_shards_give_the_same_windows(shared_dir, tmp_path):
     (tmp_path / "docs").mkdir()
     source = write_parquet(tmp_path / "docs" / "train-0.parquet", fineweb_texts(shared_dir, 8))
     tokenizer = str(shared_dir / "tokenizers/starcoder/tokenizer.json")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "data/prepare.py"),
-            "--source",
-            str(source.parent),
-            "--tokenizer",
-            tokenizer,
-            "--out",
-            str(tmp_path / "prepared"),
-            "--docs-per-shard",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    prepare = [REPO / "data/prepare.py", "--source", source.parent, "--tokenizer", tokenizer]
+    done = run(*prepare, "--out", tmp_path / "prepared", "--docs-per-shard", "3", timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "prepared").iterdir()) == [f"train-0000{i}.parquet" for i in range(3)]
     tok = starcoder(shared_dir)
@@ -488,18 +471,7 @@ def test_malformed_jsonl_line_after_the_first_is_one_line_naming_file_and_line(t
     source = tmp_path / "docs.jsonl"
     good = [f'{{"text": "document {i} ' + "abc " * 50 + '"}' for i in range(40)]
     source.write_text("\n".join(good[:30] + ['{"text": "cut off', *good[30:]]) + "\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "ladder_train.train",
-        "--config",
-        str(REPO / "recipes/smoke.yaml"),
-        f"run.dir={tmp_path / 'run'}",
-        f"data.source={source}",
-        "data.num_workers=2",
-        "train.max_steps=50",
-    ]
-    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    done = run(*smoke_training(tmp_path / "run", f"data.source={source}", "data.num_workers=2", "train.max_steps=50"))
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (

@@ -4,182 +4,68 @@ refused as bad input leaves no run folder."""
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
-
-
-def _children(pid: int) -> set[int]:
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(c) for c in (task / "children").read_text().split()}
-    return found
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a dead orphan may wait for a reaper that never comes in a container)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+from launch import REPO, children, descendants, in_session, run, running, smoke_training, survivors, wait_for_metrics
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
-def test_loader_workers_die_with_a_killed_trainer(tmp_path):
+def test_loader_workers_die_with_a_killed_trainer(tmp_path, launch):
     import signal
     import time
 
     # batches of 8 x 2048 tokens (~260 kB) fill the worker -> trainer pipe, where an orphaned worker used to
     # block forever (the trainer is slow to take them: each step trains on one)
-    cmd = [
-        sys.executable,
-        "-u",
-        "-m",
-        "ladder_train.train",
-        "--config",
-        str(REPO / "recipes/smoke.yaml"),
-        f"run.dir={tmp_path / 'run'}",
-        "model.max_seq_len=2048",
-        "data.seq_len=2048",
-        "data.num_workers=2",
-        "train.micro_batch_size=8",
-        "train.max_steps=1000",
-        "train.log_every=1",
-    ]
-    trainer = subprocess.Popen(
-        cmd,
-        env={**os.environ, **OFFLINE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    workers: set[int] = set()
-    try:
-        for line in trainer.stdout:  # the first step is logged once the workers are delivering batches
-            if line.startswith("step"):
-                break
-        # the fork server and multiprocessing's resource tracker, and below the server the two workers
-        workers = _descendants(trainer.pid)
-        assert len(workers) >= 4, workers
-        time.sleep(2)  # let the workers fill the pipe
-        trainer.send_signal(signal.SIGKILL)
-        trainer.wait(timeout=10)
-        assert not _survivors(workers, seconds=4), "loader workers outlived the killed trainer"
-    finally:
-        trainer.kill()
-        for pid in workers:  # orphans of a failed run: ours to end
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+    overrides = ["model.max_seq_len=2048", "data.seq_len=2048", "data.num_workers=2", "train.micro_batch_size=8"]
+    cmd = ["-u", *smoke_training(tmp_path / "run", *overrides, "train.max_steps=1000", "train.log_every=1")]
+    trainer = launch(*cmd, stderr=subprocess.STDOUT)  # the launch fixture ends the orphans of a failed run
+    for line in trainer.stdout:  # the first step is logged once the workers are delivering batches
+        if line.startswith("step"):
+            break
+    # the fork server and multiprocessing's resource tracker, and below the server the two workers
+    workers = descendants(trainer.pid)
+    assert len(workers) >= 4, workers
+    time.sleep(2)  # let the workers fill the pipe
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait(timeout=10)
+    assert not survivors(workers, seconds=4), "loader workers outlived the killed trainer"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
-def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path):
+def test_torchrun_with_sigusr1_forwarding_saves_and_ends_its_ranks(tmp_path, launch):
     """What the README says to expect: the rank saves and exits 75, torchrun itself exits 1."""
     import signal
-    import time
 
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=1",
-        "--signals-to-handle",
-        "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
-        "-m",
-        "ladder_train.train",
-        "--config",
-        str(REPO / "recipes/smoke.yaml"),
-        f"run.dir={run_dir}",
-        "train.max_steps=2000",
-        "train.log_every=1",
-        "data.num_workers=0",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, **OFFLINE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 240
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.1)
-        ranks = _children(proc.pid)
-        proc.send_signal(signal.SIGUSR1)  # to torchrun only, as srun delivers it
-        output, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 1, output[-2000:]
-        assert "preempted: stopped by a signal after step" in output and "exit 75 to requeue" in output
-        assert output.strip().splitlines()[-1].endswith(f"SignalException: Process {proc.pid} got signal: 10")
-        assert not [p for p in ranks if _running(p)]
-        assert any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
-    finally:
-        proc.kill()
-
-
-def _survivors(pids: set[int], seconds: float) -> list[int]:
-    """The processes of ``pids`` still running after waiting up to ``seconds`` for them to end."""
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_running(p) for p in pids):
-        time.sleep(0.1)
-    return [p for p in pids if _running(p)]
-
-
-def _wait_for_steps(proc, metrics: Path, count: int, seconds: float = 300) -> None:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= count):
-        assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-        time.sleep(0.1)
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    torchrun += ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]
+    training = smoke_training(run_dir, "train.max_steps=2000", "train.log_every=1", "data.num_workers=0")
+    proc = launch(*torchrun, *training, stderr=subprocess.STDOUT)
+    wait_for_metrics(proc, run_dir, 2, seconds=240)
+    ranks = children(proc.pid)
+    proc.send_signal(signal.SIGUSR1)  # to torchrun only, as srun delivers it
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, output[-2000:]
+    assert "preempted: stopped by a signal after step" in output and "exit 75 to requeue" in output
+    assert output.strip().splitlines()[-1].endswith(f"SignalException: Process {proc.pid} got signal: 10")
+    assert not [p for p in ranks if running(p)]
+    assert any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
-def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig):
+def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig, launch):
     import signal
 
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ladder_train.train",
-        "--config",
-        str(REPO / "recipes/smoke.yaml"),
-        f"run.dir={run_dir}",
-        "train.max_steps=5000",
-        "train.log_every=1",
-        "data.num_workers=1",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, **OFFLINE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        _wait_for_steps(proc, run_dir / "metrics.jsonl", 3)
-        os.killpg(proc.pid, getattr(signal, sig))  # the whole process group, as a terminal's Ctrl-C or hangup does
-        _, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    proc = launch(*smoke_training(run_dir, "train.max_steps=5000", "train.log_every=1", "data.num_workers=1"))
+    wait_for_metrics(proc, run_dir, 3)
+    os.killpg(proc.pid, getattr(signal, sig))  # the whole process group, as a terminal's Ctrl-C or hangup does
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 75, err[-2000:]
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("ladder-train")]
@@ -191,49 +77,27 @@ def test_ctrl_c_and_hangup_save_and_exit_75_like_sigterm(tmp_path, sig):
 @pytest.mark.slow
 def test_a_run_refused_as_bad_input_leaves_no_run_folder(tmp_path):
     run_dir = tmp_path / "new_run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ladder_train.train",
-        "--config",
-        str(REPO / "recipes/smoke.yaml"),
-        f"run.dir={run_dir}",
-        f"data.source={tmp_path / 'missing'}",
-    ]
-    done = subprocess.run(cmd, env={**os.environ, **OFFLINE}, capture_output=True, text=True, timeout=300)
+    done = run(*smoke_training(run_dir, f"data.source={tmp_path / 'missing'}"))
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1].startswith("ladder-train: error: ")
     assert str(tmp_path / "missing") in done.stderr
     assert not run_dir.exists()  # neither run.lock nor config.yaml stays behind
 
 
-def _descendants(pid: int) -> set[int]:
-    found, todo = set(), [pid]
-    while todo:
-        try:
-            children = _children(todo.pop())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        found |= children
-        todo += children
-    return found
-
-
 def _wait_for_descendants(proc: subprocess.Popen, count: int, seconds: float) -> set[int]:
     import time
 
-    deadline = time.monotonic() + seconds
-    while len(found := _descendants(proc.pid)) < count:
-        assert proc.poll() is None and time.monotonic() < deadline, f"{count} processes did not start: {found}"
-        time.sleep(0.1)
+    from launch import wait_until
+
+    wait_until(proc, lambda: len(descendants(proc.pid)) >= count, f"{count} processes did not start", seconds)
     time.sleep(1)  # the last started may still be arming its parent-death signal
-    return _descendants(proc.pid)
+    return descendants(proc.pid)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("launcher", ["ladder-bench", "ladder-predict validate"])
-def test_a_killed_tp_benchmark_takes_its_ranks_with_it(tmp_path, launcher):
+def test_a_killed_tp_benchmark_takes_its_ranks_with_it(tmp_path, launcher, launch):
     """ladder-bench at TP 2 spawns its ranks; ladder-predict validate runs ladder-bench: a SIGTERM (pkill's
     default) to the command a user started ends every process under it."""
     import signal
@@ -264,25 +128,11 @@ def test_a_killed_tp_benchmark_takes_its_ranks_with_it(tmp_path, launcher):
         cmd = ["-m", "ladder_train.predict", "validate", "--out-dir", str(tmp_path), "--skip-calibrate"]
         cmd += ["--cases", "h2304-b1", "--runs", "50"]
         count = 3
-    proc = subprocess.Popen(
-        [sys.executable, *cmd],
-        cwd=tmp_path,
-        env={**os.environ, **OFFLINE},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    under: set[int] = set()
-    try:
-        under = _wait_for_descendants(proc, count, seconds=120)
-        proc.send_signal(signal.SIGTERM)  # to the launcher only, not its process group
-        proc.wait(timeout=30)
-        assert not _survivors(under, seconds=20), f"outlived {launcher}"
-    finally:
-        proc.kill()
-        for pid in under:
-            if _running(pid):
-                os.kill(pid, signal.SIGKILL)
+    proc = launch(*cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    under = _wait_for_descendants(proc, count, seconds=120)
+    proc.send_signal(signal.SIGTERM)  # to the launcher only, not its process group
+    proc.wait(timeout=30)
+    assert not survivors(under, seconds=20), f"outlived {launcher}"
 
 
 # the trainer with its loader worker stuck before it starts, as one deadlocked at its fork (CI, 2026-11-28: a lock
@@ -301,22 +151,11 @@ runpy.run_module("ladder_train.train", run_name="__main__")
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
-def test_a_stuck_loader_worker_stops_the_run_in_one_line_and_does_not_outlive_it(tmp_path):
-    run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-c", _STUCK_WORKER, "--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}"]
-    cmd += ["train.max_steps=3", "data.num_workers=1", "data.worker_timeout_s=3"]
-    trainer = subprocess.Popen(
-        cmd,
-        env={**os.environ, **OFFLINE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        _, stderr = trainer.communicate(timeout=300)
-    finally:
-        trainer.kill()
+def test_a_stuck_loader_worker_stops_the_run_in_one_line_and_does_not_outlive_it(tmp_path, launch):
+    # the smoke run's arguments after "-m ladder_train.train", given to the stand-in that runs it
+    training = smoke_training(tmp_path / "run", "train.max_steps=3", "data.num_workers=1", "data.worker_timeout_s=3")
+    trainer = launch("-c", _STUCK_WORKER, *training[2:])
+    _, stderr = trainer.communicate(timeout=300)
     assert trainer.returncode == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1] == (
@@ -324,18 +163,7 @@ def test_a_stuck_loader_worker_stops_the_run_in_one_line_and_does_not_outlive_it
         "the run stops for a restart from its last checkpoint"
     )
     # every process of the run (the fork server, its stuck worker) is in the trainer's session: none may be left
-    assert not _survivors(_in_session(trainer.pid), seconds=5)
-
-
-def _in_session(sid: int) -> set[int]:
-    found = set()
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:
-                found.add(int(proc.name))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            pass
-    return found
+    assert not survivors(in_session(trainer.pid), seconds=5)
 
 
 @pytest.mark.parametrize("ending", ["signal", "failure"])
@@ -362,8 +190,8 @@ def test_a_run_stopped_before_its_last_step_gives_the_step_and_tokens_it_reached
 
     monkeypatch.setattr(Trainer, "_step", stopped_after_step_3)
     run_dir = tmp_path / "run"
-    argv = ["--config", str(REPO / "recipes/smoke.yaml"), f"run.dir={run_dir}", "train.max_steps=50"]
-    status, _, err = run_cli("ladder-train", [*argv, "data.num_workers=0", "train.log_every=1"], capsys, monkeypatch)
+    argv = smoke_training(run_dir, "train.max_steps=50", "data.num_workers=0", "train.log_every=1")[2:]
+    status, _, err = run_cli("ladder-train", argv, capsys, monkeypatch)
     summary = json.loads((run_dir / "summary.json").read_text())
     if ending == "signal":
         assert status == 75, err
