@@ -110,36 +110,54 @@ def test_every_shipped_recipe_loads(recipe):
     assert cfg.model.residual in ("standard", "parallel", "ladder")
 
 
-def test_every_model_field_reaches_the_model():
-    """model.* is ModelArgs plus the preset: each field set in a recipe arrives in model_args unchanged."""
+# a value other than its default for every field of a ladder model (the desync fields are for a desync model)
+EVERY_MODEL_FIELD = """
+model:
+  vocab_size: 100
+  dim: 64
+  n_layers: 3
+  n_heads: 4
+  n_kv_heads: 2
+  ffn_dim: 96
+  max_seq_len: 128
+  rope_theta: 5.0e+5
+  norm_eps: 1.0e-6
+  init_std: 0.01
+  residual: ladder
+  ladder_layers: 2
+  tie_embeddings: false
+  rope_scaling:
+    {rope_type: llama3, factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 64}
+data:
+  seq_len: 64
+"""
+
+
+def as_override(value) -> str:
+    """``value`` as the right-hand side of a ``key=value`` override."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def test_every_model_field_reaches_the_model(tmp_path):
+    """model.* is ModelArgs plus the preset: each field set in a recipe, or by its key=value override, arrives in
+    model_args unchanged."""
     import dataclasses
+
+    import yaml
 
     from ladder_train.config import ModelConfig, model_args
     from ladder_train.model import ModelArgs
 
     arg_fields = {f.name for f in dataclasses.fields(ModelArgs)}
     assert {f.name for f in dataclasses.fields(ModelConfig)} == arg_fields | {"preset"}
-    values = dict(
-        vocab_size=100,
-        dim=64,
-        n_layers=3,
-        n_heads=4,
-        n_kv_heads=2,
-        ffn_dim=96,
-        max_seq_len=128,
-        rope_theta=5e5,
-        norm_eps=1e-6,
-        init_std=0.01,
-        residual="ladder",
-        ladder_layers=2,
-    )
-    scaling = dict(
-        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64
-    )
-    overrides = [f"model.{k}={v}" for k, v in values.items()] + ["model.tie_embeddings=false", "data.seq_len=64"]
-    overrides.append("model.rope_scaling={" + ", ".join(f"{k}: {v}" for k, v in scaling.items()) + "}")
-    cfg = load_config(None, overrides)
-    expected = {**dataclasses.asdict(ModelArgs()), **values, "tie_embeddings": False, "rope_scaling": scaling}
+    recipe = write(tmp_path, "r.yaml", EVERY_MODEL_FIELD)
+    values = yaml.safe_load(EVERY_MODEL_FIELD)["model"]
+    expected = {**dataclasses.asdict(ModelArgs()), **values}
+    assert dataclasses.asdict(model_args(load_config(recipe).model)) == expected
+    overrides = [f"model.{k}={as_override(v)}" for k, v in values.items()]
+    cfg = load_config(None, [*overrides, "data.seq_len=64"])
     assert dataclasses.asdict(model_args(cfg.model)) == expected
     # None = "as many kv heads as heads" stays None in the config (and in config.yaml), resolved by ModelArgs
     plain = load_config(None, ["model.n_heads=8", "model.dim=64"])

@@ -204,13 +204,19 @@ def fabricate_ladder_rate(root, gaps_8e3, gaps_4e3, wiki_gaps_4e3=None, wiki_gap
         fabricate_run(folder, f"ladder_s{seed}", "ladder", 2.0 + seed + gap_4e3, overrides, summary=wiki)
 
 
-def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
+def ladder_rate_table(root: Path, *gaps, **wiki_gaps) -> tuple[str, dict[str, list[str]]]:
+    """The study-ladder-rate table of ``fabricate_ladder_rate(root, *gaps, **wiki_gaps)``, and its rows: each
+    row's name and its three interval cells."""
     from tools.docs_tables import make_table
 
-    fabricate_ladder_rate(tmp_path, gaps_8e3=(0.1, 0.1, 0.1), gaps_4e3=(0.02, 0.04, 0.09))
-    table = make_table("study-ladder-rate", tmp_path)
+    fabricate_ladder_rate(root, *gaps, **wiki_gaps)
+    table = make_table("study-ladder-rate", root)
     lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
-    rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
+    return table, {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
+
+
+def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_path):
+    table, rows = ladder_rate_table(tmp_path, (0.1, 0.1, 0.1), (0.02, 0.04, 0.09))
     # 4e-3 gaps 0.02, 0.04, 0.09: mean 0.05, sd sqrt(0.0013) = 0.03606, t(0.975, 2) = 4.3027 -> half-width 0.08957;
     # the 8e-3 gaps are all 0.1 (sd 0); 4e-3 - 8e-3 = -0.08, -0.06, -0.01: mean -0.05, the same sd and half-width
     assert rows["mean"] == ["+0.1000", "+0.0500", "-0.0500"]
@@ -219,14 +225,9 @@ def test_the_ladders_rate_table_gives_the_paired_interval_from_three_seeds(tmp_p
 
 
 def test_the_ladders_rate_table_adjusts_its_p_over_the_protocols_family_and_gives_wikitext_beside_it(tmp_path):
-    from tools.docs_tables import make_table
-
-    fabricate_ladder_rate(
+    table, rows = ladder_rate_table(
         tmp_path, (0.02, 0.04, 0.09), (0.05, 0.06, 0.07), wiki_gaps_4e3=(0.1, 0.3, 0.2), wiki_gaps_8e3=(0.0, 0.1, 0.2)
     )
-    table = make_table("study-ladder-rate", tmp_path)
-    lines = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
-    rows = {cells[1].strip(): [c.strip() for c in cells[5:-1]] for cells in lines}
     # three pairs, t with 2 degrees of freedom: two-sided p = 1 - t / sqrt(2 + t^2)
     # 8e-3: gaps 0.02, 0.04, 0.09, t = 0.05 / (0.036056 / sqrt 3) = 2.4019 -> p = 0.1383
     # 4e-3: gaps 0.05, 0.06, 0.07, t = 0.06 / (0.01 / sqrt 3) = 10.392 -> p = 0.00917

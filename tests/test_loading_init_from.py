@@ -20,21 +20,28 @@ from ladder_train.model import ModelArgs, Transformer
 SEQ, GLOBAL, MICRO = 16, 4, 2
 
 
-def adapt_config(run_dir, init_from, **extra):
-    """A recipe of hf_llama's shape (3 layers, hidden 32, 4 heads, 2 kv heads, untied head, llama3 rope)."""
-    scaling = "{" + ", ".join(f"{k}: {v}" for k, v in LLAMA31_SCALING.items()) + "}"
-    overrides = {
-        "run.dir": run_dir,
+def hf_llama_model(max_seq_len: int) -> dict:
+    """The model.* overrides of hf_llama's shape (3 layers, hidden 32, 4 heads, 2 kv heads, untied head, llama3
+    rope), at context ``max_seq_len``."""
+    return {
         "model.vocab_size": 97,
         "model.dim": 32,
         "model.n_layers": 3,
         "model.n_heads": 4,
         "model.n_kv_heads": 2,
         "model.ffn_dim": 64,
-        "model.max_seq_len": 48,  # shorter than the folder's 64: the rope table length may differ
+        "model.max_seq_len": max_seq_len,
         "model.rope_theta": 500000.0,
         "model.tie_embeddings": False,
-        "model.rope_scaling": scaling,
+        "model.rope_scaling": "{" + ", ".join(f"{k}: {v}" for k, v in LLAMA31_SCALING.items()) + "}",
+    }
+
+
+def adapt_config(run_dir, init_from, **extra):
+    """A recipe of hf_llama's shape as a hybrid ladder, training on ``batches``."""
+    overrides = {
+        "run.dir": run_dir,
+        **hf_llama_model(48),  # shorter than the folder's 64: the rope table length may differ
         "model.residual": "ladder",
         "model.ladder_layers": 2,
         "data.seq_len": SEQ,
@@ -151,19 +158,9 @@ def test_a_model_that_does_not_fit_the_recipe_is_refused_in_one_line(tmp_path, c
 
     hf_llama(tmp_path / "hf")
     capsys.readouterr()  # transformers' progress bar
-    scaling = "{" + ", ".join(f"{k}: {v}" for k, v in LLAMA31_SCALING.items()) + "}"
     overrides = {
         "run.dir": tmp_path / "run",
-        "model.vocab_size": 97,
-        "model.dim": 32,
-        "model.n_layers": 3,
-        "model.n_heads": 4,
-        "model.n_kv_heads": 2,
-        "model.ffn_dim": 64,
-        "model.max_seq_len": 64,
-        "model.rope_theta": 500000.0,
-        "model.tie_embeddings": False,
-        "model.rope_scaling": scaling,
+        **hf_llama_model(64),
         "data.source": "python-stdlib",
         "data.tokenizer": "byte",
         "data.seq_len": 16,
