@@ -152,9 +152,14 @@ def test_continuing_a_sequence_through_either_cache_keyword_equals_the_full_forw
     m = model(layout)
     full = m(PROMPT).logits
     first = m(PROMPT[:, :5], use_cache=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # past_key_values= is the deprecated name where renamed
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         rest = m(PROMPT[:, 5:], use_cache=True, **{keyword: getattr(first, CACHE)})
+    # past_key_values= is the deprecated name where transformers renamed it: one FutureWarning, as Llama gives
+    deprecated = [
+        w for w in caught if w.category is FutureWarning and "`past_key_values` is deprecated" in str(w.message)
+    ]
+    assert len(deprecated) == (keyword == "past_key_values" and CACHE == "cache"), layout
     torch.testing.assert_close(rest.logits, full[:, 5:], **CLOSE, msg=named(layout))
     assert getattr(rest, CACHE).get_seq_length() == PROMPT.shape[1], layout
 
