@@ -5,7 +5,7 @@
 #
 #   sbatch slurm/serve.sh EXPORT [TP] [extra vllm serve arguments]
 #   sbatch slurm/serve.sh runs/ladder_1b/export/step-100000 8
-#   sbatch slurm/serve.sh runs/ladder_1b/export/step-100000 8 --hf-overrides '{"ladder_overlap": false}'
+#   sbatch slurm/serve.sh runs/ladder_1b/export/step-100000 8 --hf-overrides '{"ladder_overlap": true}'
 #
 # The server listens on PORT (default 8000) of the node; the job's output names the node. Ask it with
 #   curl http://NODE:8000/v1/completions -H 'Content-Type: application/json' \

@@ -34,6 +34,7 @@ CASES = {
     "parallel-tp1": ("parallel", 1, True, False),
 }
 OURS = {"hf_overrides": {"architectures": ["LadderLlamaForCausalLM"]}}
+HELD = {"hf_overrides": {"ladder_overlap": True}}  # the ladder's all-reduce held a module (off unless asked)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def run_engines(cases: list[dict], work: Path, timeout: float) -> dict:
 def served(exports, tmp_path_factory):
     cases = [
         {"name": name, "path": str(exports[layout]), "tp": tp, "eager": eager, "count": count}
-        | (OURS if layout == "standard" else {})
+        | (OURS if layout == "standard" else HELD if layout in ("ladder", "hybrid") else {})
         for name, (layout, tp, eager, count) in CASES.items()
     ]
     return run_engines(cases, tmp_path_factory.mktemp("serve_engines"), timeout=900)

@@ -87,6 +87,11 @@ def test_a_bad_export_is_refused_in_one_line_before_vllm_starts(tmp_path):
     (path / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(InputError, match=r"model.safetensors: not a readable safetensors file"):
         check_served_export(str(path), 1, 1, ladder)
+    from ladder_train.serve.layouts import overlap_enabled
+
+    assert overlap_enabled(ladder) is False  # held only when asked: no measurement has it paying yet
+    ladder.ladder_overlap = True
+    assert overlap_enabled(ladder) is True
     ladder.ladder_overlap = "no"
     with pytest.raises(InputError, match=r"^ladder_overlap='no': must be true or false$"):
         check_served_export(str(path), 1, 1, ladder)

@@ -9,8 +9,9 @@ partial sums: each layer adds them to the residual stream as its layout says (do
     desync    rank s keeps its own stream r_s: r_s = r_s + p_s where a module does not reduce,
               r = AR(p_s + r_s / t) where it does (served at TP t only)
 
-A hybrid's first layers are standard. The ladder's ``issue`` / ``wait`` are ``serve.comm``'s (``ladder_overlap``
-false in the config, as ``--hf-overrides '{"ladder_overlap": false}'`` sets it: vLLM's all-reduce, waited at once).
+A hybrid's first layers are standard. The ladder's ``issue`` / ``wait`` are ``serve.comm``'s: with ``ladder_overlap``
+true in the config (``--hf-overrides '{"ladder_overlap": true}'``) each module's all-reduce is held across the next
+module; otherwise vLLM's all-reduce, waited at once.
 """
 
 from __future__ import annotations
