@@ -95,3 +95,33 @@ def test_a_bad_export_is_refused_in_one_line_before_vllm_starts(tmp_path):
     ladder.ladder_overlap = "no"
     with pytest.raises(InputError, match=r"^ladder_overlap='no': must be true or false$"):
         check_served_export(str(path), 1, 1, ladder)
+
+
+SERVE_BENCH_REFUSALS = [
+    (["--gen-len", "1"], "--gen-len must be at least 2"),
+    (["--tp", "0"], "argument --tp: expected an integer >= 1, got '0'"),
+    ([], "name export folders, or --preset NAME --work DIR"),
+    (["--preset", "tiny"], "--preset tiny needs --work DIR"),
+    (["--preset", "nope", "--work", "{tmp}"], "unknown model preset 'nope'"),
+    (["--preset", "tiny", "--work", "{tmp}", "--set", "dim=0"], "--preset tiny: dim=0: must be a positive integer"),
+    (["--preset", "tiny", "--work", "{tmp}", "--set", "width=3"], "--set 'width=3': expected FIELD=VALUE"),
+    (["{tmp}", "--set", "dim=64"], "--set changes a --preset's shape"),
+]
+
+
+@pytest.mark.parametrize(
+    "argv, named", SERVE_BENCH_REFUSALS, ids=[" ".join(a) or "nothing" for a, _ in SERVE_BENCH_REFUSALS]
+)
+def test_the_vllm_tpot_benchmark_refuses_bad_flags_in_one_line_before_vllm(tmp_path, capsys, argv, named):
+    import ladder_train.cli as cli
+
+    out = tmp_path / "rows.jsonl"
+    try:
+        status = cli.vllm_tpot([arg.format(tmp=tmp_path) for arg in argv] + ["--out", str(out)])
+    except SystemExit as exited:  # argparse's usage errors
+        status = exited.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2 and len(lines) == 1, err
+    assert lines[0].startswith("python -m ladder_train.serve: error: ") and named in lines[0], err
+    assert not out.exists() and "vllm" not in sys.modules

