@@ -209,7 +209,7 @@ class Checkpointer:
     @staticmethod
     def _start_folder(partial: Path, final: Path) -> None:
         """Rank 0 makes the folder every rank writes into; a link at it or at the name it gets once complete is
-        refused before anything is written (folders.py's rule for what the project writes)."""
+        refused before anything is written (files.py's rule for what the project writes)."""
         if is_main_process():
             refuse_link(final, "a folder of this project")
             remove_written_tree(partial)

@@ -9,7 +9,7 @@ While a prepare works it holds ``OUT_DIR/.ladder-data.lock`` (folder_lock.lock_f
 a second prepare into the folder is refused in one line naming the holder. The kernel drops the lock when its process
 dies, however it dies, so a lock file left by a killed prepare blocks nothing; the file is removed on a normal exit.
 A link planted where the lock file, ``.parts/`` or one of prepare's files belongs is refused in one line
-(folders.py's rule for every file the project writes), and what it points at is not touched.
+(files.py's rule for every file the project writes), and what it points at is not touched.
 """
 
 from __future__ import annotations

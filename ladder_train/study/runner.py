@@ -89,7 +89,7 @@ class Study:
         still running are left out. Returns the folders written. A finished run of another config in the study is
         refused (it is not this study's result); a point folder in ``dest`` that holds other files, or another run's
         results (a config.yaml not byte for byte this run's), is written into only with ``overwrite`` (its other files
-        stay); a link where a copy goes is refused (folders.py's rule); all are checked for every point before any
+        stay); a link where a copy goes is refused (files.py's rule); all are checked for every point before any
         copy."""
         # inside the study the copies would land on (or among) the files they are copied from
         if Path(dest).resolve().is_relative_to(self.dir.resolve()):
